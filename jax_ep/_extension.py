@@ -1,0 +1,70 @@
+"""Loads jax_ep's compiled extension modules and registers their FFI targets.
+
+* ``jax_ep._jax_ep_cpu`` (always built): CPU handlers of the portable backend.
+* ``jax_ep._jax_ep_cuda`` (built where nvcc and the NVSHMEM wheel were found):
+  the CUDA kernels and the NVSHMEM runtime. Its absence is reported by
+  :func:`cuda_module_status`, never raised at import.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import types
+
+import jax
+import jaxlib
+
+from jax_ep.errors import EpError
+
+
+def _check_built_for_this_jaxlib(module: types.ModuleType) -> None:
+  built_with = getattr(module, "built_with_jaxlib", "unknown")
+  if built_with != jaxlib.__version__:
+    raise EpError(
+        f"{module.__name__} was built against jaxlib {built_with} but jaxlib "
+        f"{jaxlib.__version__} is running; the XLA FFI call frame must match exactly. "
+        "Rebuild jax_ep in this environment: pip install --no-build-isolation -e .")
+
+
+@functools.cache
+def cpu_module() -> types.ModuleType:
+  """The CPU extension, with its FFI targets registered for platform 'cpu'."""
+  try:
+    module = importlib.import_module("jax_ep._jax_ep_cpu")
+  except ImportError as e:
+    raise EpError(
+        "jax_ep's CPU extension (jax_ep._jax_ep_cpu) is not built. Install the package "
+        "(pip install --no-build-isolation -e .) or run tools/setup_env.sh.") from e
+  _check_built_for_this_jaxlib(module)
+  for name, capsule in module.handlers().items():
+    jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+  return module
+
+
+@functools.cache
+def _cuda_module_or_error() -> tuple[types.ModuleType | None, str]:
+  from jax_ep import _nvshmem_lib  # pylint: disable=import-outside-toplevel
+
+  preload_error = _nvshmem_lib.preload()
+  if preload_error:
+    return None, preload_error
+  try:
+    module = importlib.import_module("jax_ep._jax_ep_cuda")
+  except ImportError as e:
+    return None, f"jax_ep._jax_ep_cuda is not available: {e}"
+  try:
+    _check_built_for_this_jaxlib(module)
+  except EpError as e:
+    return None, str(e)
+  return module, "built"
+
+
+def cuda_module() -> types.ModuleType | None:
+  """The CUDA extension, or None where it was not built or cannot load."""
+  return _cuda_module_or_error()[0]
+
+
+def cuda_module_status() -> str:
+  """'built', or why the CUDA extension is unavailable."""
+  return _cuda_module_or_error()[1]

@@ -1,0 +1,107 @@
+"""Trace-time checks of op arguments: shapes, dtypes, the mesh axis."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_ep import fp8 as fp8_lib
+from jax_ep.config import EpConfig
+from jax_ep.errors import EpConfigError
+from jax_ep.runtime import RuntimeState
+
+ROW_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+INDEX_DTYPES = (jnp.int32, jnp.int64)
+
+
+def _dtype_names(dtypes) -> str:
+  return ", ".join(np.dtype(d).name for d in dtypes)
+
+
+def axis_size(config: EpConfig, state: RuntimeState, op: str) -> int:
+  """R, checked: we are inside shard_map over the axis, and it matches initialize()."""
+  try:
+    num_ranks = jax.lax.axis_size(config.axis_name)
+  except NameError:
+    raise EpConfigError(
+        f"jax_ep.{op} must be called inside jax.shard_map over mesh axis "
+        f"{config.axis_name!r} (per-shard arrays); no such axis is bound here") from None
+  if num_ranks != state.num_ranks:
+    raise EpConfigError(
+        f"jax_ep.{op}: mesh axis {config.axis_name!r} has {num_ranks} ranks here but "
+        f"{state.num_ranks} at initialize()")
+  return num_ranks
+
+
+def tokens(x: jax.Array, config: EpConfig, op: str, name: str = "x",
+           dtypes=ROW_DTYPES, width: int | None = None) -> int:
+  """Checks x is [T_local, width] with T_local <= T; returns T_local."""
+  width = config.hidden if width is None else width
+  if x.ndim != 2 or x.shape[1] != width:
+    raise EpConfigError(f"jax_ep.{op}: {name} must be [tokens, {width}], got shape {x.shape}")
+  if x.shape[0] > config.max_tokens_per_rank:
+    raise EpConfigError(
+        f"jax_ep.{op}: {name} has {x.shape[0]} tokens but EpConfig.max_tokens_per_rank is "
+        f"{config.max_tokens_per_rank}; raise max_tokens_per_rank (and call initialize again)")
+  if not any(x.dtype == jnp.dtype(d) for d in dtypes):
+    raise EpConfigError(
+        f"jax_ep.{op}: {name} dtype {x.dtype} is not supported; use one of {_dtype_names(dtypes)}")
+  return x.shape[0]
+
+
+def topk_indices(topk_idx: jax.Array, num_tokens: int, config: EpConfig, op: str) -> jax.Array:
+  """Checks [T_local, K] integer indices; returns them as int32 with values that
+  do not fit int32 mapped to E (so they stay invalid and are counted)."""
+  if topk_idx.ndim != 2 or topk_idx.shape != (num_tokens, config.num_topk):
+    raise EpConfigError(
+        f"jax_ep.{op}: topk_idx must be [{num_tokens}, {config.num_topk}] (tokens, num_topk), "
+        f"got {topk_idx.shape}")
+  if not any(topk_idx.dtype == jnp.dtype(d) for d in INDEX_DTYPES):
+    raise EpConfigError(
+        f"jax_ep.{op}: topk_idx dtype {topk_idx.dtype} is not supported; use int32 or int64")
+  if topk_idx.dtype == jnp.int32:
+    return topk_idx
+  in_range = (topk_idx >= -1) & (topk_idx < config.num_experts)
+  return jnp.where(in_range, topk_idx, config.num_experts).astype(jnp.int32)
+
+
+def topk_weights(weights: jax.Array, num_tokens: int, config: EpConfig, op: str) -> jax.Array:
+  """Checks float [T_local, K] weights; returns them as float32."""
+  if weights.shape != (num_tokens, config.num_topk):
+    raise EpConfigError(
+        f"jax_ep.{op}: topk_weights must be [{num_tokens}, {config.num_topk}], "
+        f"got {weights.shape}")
+  if not jnp.issubdtype(weights.dtype, jnp.floating):
+    raise EpConfigError(f"jax_ep.{op}: topk_weights must be floating, got {weights.dtype}")
+  return weights.astype(jnp.float32)
+
+
+def fp8_pair(x, config: EpConfig, op: str) -> int:
+  """Checks (float8_e4m3fn[T_local, H], scales[T_local, H/128]); returns T_local."""
+  if len(x) != 2:
+    raise EpConfigError(f"jax_ep.{op}: an FP8 input is a pair (x_fp8, scales), got {len(x)} items")
+  x_fp8, scales = x
+  if config.hidden % fp8_lib.GROUP:
+    raise EpConfigError(
+        f"jax_ep.{op}: FP8 needs hidden to be a multiple of {fp8_lib.GROUP}, got {config.hidden}")
+  num_tokens = tokens(x_fp8, config, op, "x_fp8", dtypes=(fp8_lib.FP8_DTYPE,))
+  if scales.shape != (num_tokens, config.hidden // fp8_lib.GROUP):
+    raise EpConfigError(
+        f"jax_ep.{op}: scales must be [{num_tokens}, {config.hidden // fp8_lib.GROUP}] "
+        f"(one per 128 channels), got {scales.shape}")
+  if scales.dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float8_e8m0fnu)):
+    raise EpConfigError(
+        f"jax_ep.{op}: scales must be float32 or float8_e8m0fnu, got {scales.dtype}")
+  return num_tokens
+
+
+def capacity(value: int | None, config: EpConfig, num_ranks: int, op: str) -> int:
+  default = config.capacity(num_ranks)
+  if value is None:
+    return default
+  if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= default:
+    raise EpConfigError(
+        f"jax_ep.{op}: capacity must be an int in [1, {default}] (R * max_tokens_per_rank), "
+        f"got {value!r}")
+  return value

@@ -1,0 +1,1 @@
+"""Backends implementing jax_ep's ops: ``xla`` (portable) and ``cuda`` (kernels)."""

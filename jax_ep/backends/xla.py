@@ -1,0 +1,201 @@
+"""The portable backend: jax.lax collectives plus the local steps of local_ops.
+
+Runs wherever XLA runs (CPU in CI, GPU/TPU without jax_ep's CUDA kernels) and
+gives the same results as the CUDA kernels. Every exchange is one
+capacity-padded ``jax.lax.all_to_all`` over the EP axis:
+
+  HT dispatch   sender rows -> [R, T_local, ...] by source token -> all_to_all
+                -> receiver compacts into (source rank, source token) order
+  HT combine    receiver rows -> [R, T_local, ...] by source token -> all_to_all
+                -> sender sums the copies of each token in fp32
+  LL dispatch   sender rows -> [R, E_local, T_local, ...] by (expert, token)
+                -> all_to_all -> receiver compacts per expert
+  LL combine    receiver rows -> [R, E_local, T_local, ...] -> all_to_all
+                -> sender sums w * row over its top-k in fp32
+
+All functions run inside shard_map over ``config.axis_name``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_ep import fp8 as fp8_lib
+from jax_ep import local_ops
+from jax_ep.config import EpConfig
+from jax_ep.types import DispatchHandle, LowLatencyHandle
+
+I32 = jnp.int32
+F32 = jnp.float32
+
+
+def _exchange(x: jax.Array, axis_name: str) -> jax.Array:
+  """[R, ...] block r goes to rank r; result block s came from rank s."""
+  return jax.lax.all_to_all(x, axis_name, 0, 0, tiled=True)
+
+
+def _num_ranks(config: EpConfig) -> int:
+  return jax.lax.axis_size(config.axis_name)
+
+
+class XlaBackend:
+  """Stateless portable implementation of the backend interface."""
+
+  name = "xla"
+
+  # ---------------------------------------------------------------- layout
+  def layout(self, topk_idx: jax.Array, config: EpConfig):
+    """(clean_idx, num_invalid, tokens_per_rank, tokens_per_expert, is_token_in_rank)."""
+    return local_ops.layout(topk_idx, num_experts=config.num_experts,
+                            num_ranks=_num_ranks(config), debug_checks=config.debug_checks)
+
+  # ---------------------------------------------------------------- HT
+  def ht_dispatch(self, payloads: tuple[jax.Array, ...], topk_idx: jax.Array,
+                  topk_weights: jax.Array, config: EpConfig, capacity: int):
+    """Returns (payloads_out, out_idx, out_w, num_tokens, tokens_per_expert,
+    num_dropped, num_invalid, handle)."""
+    axis = config.axis_name
+    num_ranks = _num_ranks(config)
+    num_tokens = topk_idx.shape[0]
+    clean, num_invalid, tokens_per_rank, _, _ = self.layout(topk_idx, config)
+    # Row offset of this rank's tokens on each receiver: tokens of lower ranks first.
+    counts = jax.lax.all_gather(tokens_per_rank, axis)  # [src, dst]
+    before_me = jnp.arange(num_ranks) < jax.lax.axis_index(axis)
+    row_offset = jnp.sum(jnp.where(before_me[:, None], counts, 0), axis=0, dtype=I32)
+    send_idx, send_w, send_slot, send_row = local_ops.ht_route(
+        clean, topk_weights, row_offset, num_experts=config.num_experts, capacity=capacity)
+    recv_idx = _exchange(send_idx, axis)
+    recv_w = _exchange(send_w, axis)
+    recv_src, out_idx, out_w, tokens_per_expert, num_kept, num_dropped = local_ops.ht_compact(
+        recv_idx, recv_w, experts_per_rank=config.experts_per_rank(num_ranks), capacity=capacity)
+    outs = []
+    for payload in payloads:
+      packed = local_ops.scatter_rows(payload, send_slot, num_ranks * num_tokens)
+      received = _exchange(packed.reshape((num_ranks, num_tokens) + payload.shape[1:]), axis)
+      outs.append(local_ops.gather_rows(
+          received.reshape((num_ranks * num_tokens,) + payload.shape[1:]), recv_src))
+    handle = DispatchHandle(recv_src=recv_src, send_row=send_row, num_tokens=num_kept,
+                            config=config)
+    return (tuple(outs), out_idx, out_w, num_kept, tokens_per_expert, num_dropped, num_invalid,
+            handle)
+
+  def ht_dispatch_cached(self, payload: jax.Array, handle: DispatchHandle) -> jax.Array:
+    """Moves [T_local, ...] rows along a previous dispatch's layout -> [C, ...]."""
+    axis = handle.config.axis_name
+    num_tokens, num_ranks = handle.send_row.shape
+    slot = jnp.where(handle.send_row >= 0,
+                     jnp.arange(num_ranks, dtype=I32)[None] * num_tokens
+                     + jnp.arange(num_tokens, dtype=I32)[:, None], -1)
+    packed = local_ops.scatter_rows(payload, slot, num_ranks * num_tokens)
+    received = _exchange(packed.reshape((num_ranks, num_tokens) + payload.shape[1:]), axis)
+    return local_ops.gather_rows(
+        received.reshape((num_ranks * num_tokens,) + payload.shape[1:]), handle.recv_src)
+
+  def ht_combine(self, rows: jax.Array, handle: DispatchHandle) -> jax.Array:
+    """[C, ...] received rows back to their sources, summed in fp32 -> [T_local, ...]."""
+    axis = handle.config.axis_name
+    num_tokens, num_ranks = handle.send_row.shape
+    packed = local_ops.scatter_rows(rows, handle.recv_src[:, None], num_ranks * num_tokens)
+    returned = _exchange(packed.reshape((num_ranks, num_tokens) + rows.shape[1:]), axis)
+    index = jnp.where(handle.send_row >= 0,
+                      jnp.arange(num_ranks, dtype=I32)[None] * num_tokens
+                      + jnp.arange(num_tokens, dtype=I32)[:, None], -1)
+    return local_ops.gather_reduce(
+        returned.reshape((num_ranks * num_tokens,) + rows.shape[1:]), index,
+        jnp.ones(index.shape, F32))
+
+  # ---------------------------------------------------------------- LL
+  def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool):
+    """Returns (x_out [E_local, R*T, H], scales or None, count, num_invalid, handle)."""
+    axis = config.axis_name
+    num_ranks = _num_ranks(config)
+    experts_per_rank = config.experts_per_rank(num_ranks)
+    num_tokens = topk_idx.shape[0]
+    rows_per_expert = num_ranks * config.max_tokens_per_rank
+    clean, num_invalid, _, _, _ = self.layout(topk_idx, config)
+    send_slot, send_mask = local_ops.ll_route(clean, num_experts=config.num_experts)
+    recv_mask = _exchange(send_mask.reshape(num_ranks, experts_per_rank * num_tokens), axis)
+    recv_src, count, gather_index = local_ops.ll_compact(
+        recv_mask.reshape(num_ranks, experts_per_rank, num_tokens),
+        rows_per_expert=rows_per_expert)
+    payloads = fp8_lib.quantize(x) if use_fp8 else (x,)
+    outs = []
+    for payload in payloads:
+      row_shape = payload.shape[1:]
+      packed = local_ops.scatter_rows(payload, send_slot, config.num_experts * num_tokens)
+      received = _exchange(packed.reshape((num_ranks, experts_per_rank * num_tokens) + row_shape),
+                           axis)
+      gathered = local_ops.gather_rows(
+          received.reshape((-1,) + row_shape), gather_index.reshape(-1))
+      outs.append(gathered.reshape((experts_per_rank, rows_per_expert) + row_shape))
+    handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config)
+    scales = outs[1] if use_fp8 else None
+    return outs[0], scales, count, num_invalid, handle
+
+  def ll_combine(self, rows: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
+                 handle: LowLatencyHandle) -> jax.Array:
+    """[E_local, R*T, H] expert rows -> [T_local, H] = sum_k w * row, fp32."""
+    config = handle.config
+    num_tokens = topk_idx.shape[0]
+    returned = self._return_rows(rows, handle, num_tokens)  # [E * T_local, H]
+    clean = self.layout(topk_idx, config)[0]
+    tokens = jnp.arange(num_tokens, dtype=I32)[:, None]
+    index = jnp.where(clean >= 0, clean * num_tokens + tokens, -1)
+    weights = jnp.where(clean >= 0, topk_weights, 0.0).astype(F32)
+    return local_ops.gather_reduce(returned, index, weights)
+
+  def _exchange_index(self, handle: LowLatencyHandle, num_tokens: int) -> jax.Array:
+    """Flat [R, E_local, T_local] exchange position of each received row, -1 past count."""
+    experts_per_rank = handle.recv_src.shape[0]
+    src = handle.recv_src
+    expert = jnp.arange(experts_per_rank, dtype=I32)[:, None]
+    flat = ((src // num_tokens) * experts_per_rank + expert) * num_tokens + src % num_tokens
+    return jnp.where(src >= 0, flat, -1)
+
+  def _return_rows(self, rows: jax.Array, handle: LowLatencyHandle, num_tokens: int):
+    axis = handle.config.axis_name
+    experts_per_rank, rows_per_expert = rows.shape[:2]
+    row_shape = rows.shape[2:]
+    num_ranks = _num_ranks(handle.config)
+    index = self._exchange_index(handle, num_tokens).reshape(-1, 1)
+    packed = local_ops.scatter_rows(rows.reshape((-1,) + row_shape), index,
+                                    num_ranks * experts_per_rank * num_tokens)
+    returned = _exchange(packed.reshape((num_ranks, experts_per_rank * num_tokens) + row_shape),
+                         axis)
+    return returned.reshape((-1,) + row_shape)
+
+  # LL backward helpers: small per-(token, expert) values, plain jnp + all_to_all.
+  def ll_pairs_to_rows(self, values: jax.Array, topk_idx: jax.Array,
+                       handle: LowLatencyHandle) -> jax.Array:
+    """values float32[T_local, K] -> float32[E_local, R*T]: per received row (t, e),
+    the sum of values[t, k] over the k choosing e; 0 past count."""
+    config = handle.config
+    axis = config.axis_name
+    num_tokens = topk_idx.shape[0]
+    num_ranks = _num_ranks(config)
+    clean = self.layout(topk_idx, config)[0]
+    tokens = jnp.arange(num_tokens, dtype=I32)[:, None]
+    slot = jnp.where(clean >= 0, clean * num_tokens + tokens, config.num_experts * num_tokens)
+    per_pair = jnp.zeros((config.num_experts * num_tokens,), F32).at[slot].add(
+        values.astype(F32), mode="drop")
+    received = _exchange(per_pair.reshape(num_ranks, -1), axis).reshape(-1)
+    index = self._exchange_index(handle, num_tokens)
+    return jnp.where(index >= 0, received[jnp.maximum(index, 0)], 0.0)
+
+  def ll_rows_to_pairs(self, values: jax.Array, topk_idx: jax.Array,
+                       handle: LowLatencyHandle) -> jax.Array:
+    """values float32[E_local, R*T] -> float32[T_local, K]: value of the row of
+    (t, e_k) for each valid k, 0 for -1 entries."""
+    config = handle.config
+    axis = config.axis_name
+    num_tokens = topk_idx.shape[0]
+    num_ranks = _num_ranks(config)
+    index = self._exchange_index(handle, num_tokens)
+    size = config.num_experts * num_tokens
+    per_pair = jnp.zeros((size,), F32).at[jnp.where(index >= 0, index, size)].set(
+        values.astype(F32), mode="drop")
+    returned = _exchange(per_pair.reshape(num_ranks, -1), axis).reshape(-1)
+    clean = self.layout(topk_idx, config)[0]
+    tokens = jnp.arange(num_tokens, dtype=I32)[:, None]
+    return jnp.where(clean >= 0, returned[jnp.maximum(clean * num_tokens + tokens, 0)], 0.0)

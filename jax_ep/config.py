@@ -1,0 +1,69 @@
+"""EpConfig: the static description of one expert-parallel exchange."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jax_ep.errors import EpConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class EpConfig:
+  """Sizes of an expert-parallel MoE exchange; frozen and hashable.
+
+  Rank ``r`` of the ``axis_name`` mesh axis (R ranks) owns the global experts
+  ``[r * E_local, (r + 1) * E_local)`` with ``E_local = num_experts // R``.
+
+  Attributes:
+    num_experts: E, global number of experts (a multiple of R).
+    hidden: H, width of a token row.
+    max_tokens_per_rank: T, the most tokens any rank passes to one call; every
+      receive buffer is sized from it (HT: ``R * T`` rows, LL: ``R * T`` rows
+      per local expert).
+    num_topk: K, experts chosen per token.
+    axis_name: the mesh axis the experts are spread over.
+    debug_checks: turn out-of-range top-k indices into run-time errors instead
+      of treating them as -1 (they are always counted in ``num_invalid``).
+    num_sms: streaming multiprocessors the GPU high-throughput kernels may use
+      (None: the measured default). Ignored by the portable backend.
+    timeout_s: bound on every device-side wait of the GPU kernels.
+    mask_on_timeout: GPU low-latency ops mask a peer that timed out instead of
+      raising.
+  """
+
+  num_experts: int
+  hidden: int
+  max_tokens_per_rank: int
+  num_topk: int
+  axis_name: str = "ep"
+  debug_checks: bool = False
+  num_sms: int | None = None
+  timeout_s: float = 30.0
+  mask_on_timeout: bool = False
+
+  def __post_init__(self) -> None:
+    for name in ("num_experts", "hidden", "max_tokens_per_rank", "num_topk"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise EpConfigError(f"EpConfig.{name} must be a positive int, got {value!r}")
+    if self.num_topk > self.num_experts:
+      raise EpConfigError(
+          f"EpConfig.num_topk ({self.num_topk}) cannot exceed num_experts ({self.num_experts})")
+    if not isinstance(self.axis_name, str) or not self.axis_name:
+      raise EpConfigError(f"EpConfig.axis_name must be a mesh axis name, got {self.axis_name!r}")
+    if self.num_sms is not None and (not isinstance(self.num_sms, int) or self.num_sms <= 0):
+      raise EpConfigError(f"EpConfig.num_sms must be None or a positive int, got {self.num_sms!r}")
+    if not self.timeout_s > 0:
+      raise EpConfigError(f"EpConfig.timeout_s must be positive, got {self.timeout_s!r}")
+
+  def experts_per_rank(self, num_ranks: int) -> int:
+    """E_local for ``num_ranks`` ranks; raises if E is not a multiple of R."""
+    if self.num_experts % num_ranks:
+      raise EpConfigError(
+          f"num_experts ({self.num_experts}) must be divisible by the size of mesh axis "
+          f"{self.axis_name!r} ({num_ranks})")
+    return self.num_experts // num_ranks
+
+  def capacity(self, num_ranks: int) -> int:
+    """Default HT dispatch row count: every token of every rank, ``R * T``."""
+    return num_ranks * self.max_tokens_per_rank

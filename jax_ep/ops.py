@@ -1,0 +1,342 @@
+"""The public ops: dispatch/combine (high-throughput) and their low-latency twins.
+
+Every op is called inside ``jax.shard_map`` over ``config.axis_name`` with
+per-shard arrays, after ``jax_ep.initialize(config, mesh)``. Shapes: R ranks,
+T = max_tokens_per_rank, T_local <= T tokens on this rank, K = num_topk,
+E experts, E_local = E / R, H = hidden, C = HT row capacity (R * T by default).
+
+Autodiff (``jax.custom_vjp``): dispatch's backward is a combine of the
+cotangent along the same layout, combine's backward a dispatch along the cached
+layout; the LL ops likewise, including the gradient of ``topk_weights``.
+Forward-mode differentiation is not supported (JAX raises its custom_vjp error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
+
+from jax_ep import _validate
+from jax_ep import runtime
+from jax_ep._vma import match_vma
+from jax_ep.config import EpConfig
+from jax_ep.errors import EpConfigError, EpError
+from jax_ep.types import (DispatchHandle, DispatchResult, LowLatencyDispatchResult,
+                          LowLatencyHandle)
+
+
+def _primal(tree: Any) -> Any:
+  """Unwraps the CustomVJPPrimal leaves a symbolic-zeros fwd rule receives."""
+  return jax.tree.map(lambda p: p.value, tree, is_leaf=lambda p: isinstance(p, CustomVJPPrimal))
+
+
+def _is_zero(ct: Any) -> bool:
+  return ct is None or isinstance(ct, SymbolicZero)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  """Static (hashable) arguments of one op call."""
+
+  config: EpConfig
+  backend: Any
+  capacity: int = 0
+  fp8: bool = False
+
+
+def _prepare(op: str, config: EpConfig) -> tuple[runtime.RuntimeState, int]:
+  state = runtime.require(config, op)
+  return state, _validate.axis_size(config, state, op)
+
+
+def _varying(config: EpConfig, *arrays: jax.Array) -> list[jax.Array]:
+  return match_vma(*arrays, extra_axes=(config.axis_name,))
+
+
+# ====================================================================== layout
+def get_dispatch_layout(topk_idx: jax.Array, *, config: EpConfig):
+  """Counts of this rank's routing, as a dispatch would send it.
+
+  Args:
+    topk_idx: int32 (or int64) [T_local, K] in [-1, E); -1 = no expert.
+    config: the EpConfig given to initialize().
+  Returns:
+    (tokens_per_rank int32[R], tokens_per_expert int32[E], is_token_in_rank
+    bool[T_local, R]); a token counts once per rank and once per expert.
+  """
+  state, _ = _prepare("get_dispatch_layout", config)
+  idx = _validate.topk_indices(topk_idx, topk_idx.shape[0] if topk_idx.ndim == 2 else -1,
+                               config, "get_dispatch_layout")
+  (idx,) = _varying(config, idx)
+  _, _, tokens_per_rank, tokens_per_expert, is_token_in_rank = state.backend.layout(idx, config)
+  return tokens_per_rank, tokens_per_expert, is_token_in_rank
+
+
+# ====================================================================== HT dispatch
+def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfig,
+             capacity: int | None = None) -> DispatchResult:
+  """Sends each token once to every rank holding one of its top-k experts.
+
+  Args:
+    x: [T_local, H] bfloat16/float16/float32 rows, or a pair
+      ``(float8_e4m3fn[T_local, H], scales[T_local, H/128])`` (float32 or
+      float8_e8m0fnu scales, see jax_ep.fp8.quantize) for an FP8 dispatch.
+    topk_idx: int32 (or int64) [T_local, K] in [-1, E); -1 = no expert. Other
+      values are treated as -1 and counted in ``num_invalid``.
+    topk_weights: float [T_local, K] (used as float32).
+    config: the EpConfig given to initialize().
+    capacity: rows of the result (default R * T). Tokens past it, in (source
+      rank, source token) order, are dropped and counted in ``num_dropped``.
+  Returns:
+    DispatchResult (see jax_ep.types).
+  """
+  op = "dispatch"
+  state, num_ranks = _prepare(op, config)
+  is_fp8 = isinstance(x, (tuple, list))
+  if is_fp8:
+    num_tokens = _validate.fp8_pair(x, config, op)
+    payloads = tuple(x)
+  else:
+    num_tokens = _validate.tokens(x, config, op)
+    payloads = (x,)
+  idx = _validate.topk_indices(topk_idx, num_tokens, config, op)
+  weights = _validate.topk_weights(topk_weights, num_tokens, config, op)
+  static = _Static(config=config, backend=state.backend,
+                   capacity=_validate.capacity(capacity, config, num_ranks, op), fp8=is_fp8)
+  *payloads, idx, weights = _varying(config, *payloads, idx, weights)
+  return _ht_dispatch(static, tuple(payloads), idx, weights)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ht_dispatch(static: _Static, payloads, idx, weights) -> DispatchResult:
+  outs, out_idx, out_w, num_tokens, tokens_per_expert, num_dropped, num_invalid, handle = (
+      static.backend.ht_dispatch(payloads, idx, weights, static.config, static.capacity))
+  return DispatchResult(x=outs[0], scales=outs[1] if static.fp8 else None, topk_idx=out_idx,
+                        topk_weights=out_w, num_tokens=num_tokens,
+                        tokens_per_expert=tokens_per_expert, num_dropped=num_dropped,
+                        num_invalid=num_invalid, handle=handle)
+
+
+def _ht_dispatch_fwd(static, payloads, idx, weights):
+  result = _ht_dispatch(static, *_primal((payloads, idx, weights)))
+  return result, (result.handle, result.topk_idx)
+
+
+def _ht_dispatch_bwd(static, residuals, ct: DispatchResult):
+  handle, out_idx = residuals
+  backend = static.backend
+  if static.fp8:
+    if not (_is_zero(ct.x) and _is_zero(ct.scales)):
+      raise EpError(
+          "jax_ep.dispatch: gradients through an FP8 dispatch's rows are not supported; "
+          "dispatch bfloat16 rows where you differentiate (gradients of topk_weights are)")
+    grad_payloads = (None, None)
+  else:
+    grad_payloads = (None,) if _is_zero(ct.x) else (backend.ht_combine(ct.x, handle),)
+  grad_weights = None
+  if not _is_zero(ct.topk_weights):
+    kept = jnp.where(out_idx >= 0, ct.topk_weights, 0.0)
+    grad_weights = backend.ht_combine(kept, handle)
+  return grad_payloads, None, grad_weights
+
+
+_ht_dispatch.defvjp(_ht_dispatch_fwd, _ht_dispatch_bwd, symbolic_zeros=True)
+
+
+# ====================================================================== HT combine
+def combine(y: jax.Array, handle: DispatchHandle, *, config: EpConfig) -> jax.Array:
+  """Returns each dispatched row to its source and sums the copies of each token.
+
+  Args:
+    y: [C, H] bfloat16/float16/float32, row i computed from dispatch row i
+      (weights already applied by the caller). Padding rows are ignored.
+    handle: DispatchResult.handle of the matching dispatch.
+    config: the EpConfig given to initialize().
+  Returns:
+    [T_local, H] of y.dtype: out[t] = sum over ranks r that received token t of
+    y_r[row of t on r], accumulated in float32; zeros for tokens sent nowhere.
+  """
+  op = "combine"
+  state, _ = _prepare(op, config)
+  _check_handle(handle, DispatchHandle, config, op)
+  capacity = handle.recv_src.shape[0]
+  if y.ndim != 2 or y.shape != (capacity, config.hidden):
+    raise EpConfigError(
+        f"jax_ep.{op}: y must be [{capacity}, {config.hidden}] (the dispatch's rows), "
+        f"got {y.shape}")
+  if not any(y.dtype == jnp.dtype(d) for d in _validate.ROW_DTYPES):
+    raise EpConfigError(f"jax_ep.{op}: y dtype {y.dtype} is not supported; use bfloat16, "
+                        "float16 or float32")
+  (y,) = _varying(config, y)
+  return _ht_combine(_Static(config=config, backend=state.backend), y, handle)
+
+
+def _check_handle(handle, cls, config: EpConfig, op: str) -> None:
+  if not isinstance(handle, cls):
+    raise EpConfigError(f"jax_ep.{op}: handle must be a {cls.__name__}, got "
+                        f"{type(handle).__name__}")
+  if handle.config != config:
+    raise EpConfigError(f"jax_ep.{op}: the handle comes from a dispatch with {handle.config}, "
+                        f"not {config}")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ht_combine(static: _Static, y, handle):
+  return static.backend.ht_combine(y, handle)
+
+
+def _ht_combine_fwd(static, y, handle):
+  y, handle = _primal((y, handle))
+  return _ht_combine(static, y, handle), handle
+
+
+def _ht_combine_bwd(static, handle, ct):
+  if _is_zero(ct):
+    return None, None
+  return static.backend.ht_dispatch_cached(ct, handle), None
+
+
+_ht_combine.defvjp(_ht_combine_fwd, _ht_combine_bwd, symbolic_zeros=True)
+
+
+# ====================================================================== LL dispatch
+def low_latency_dispatch(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
+                         use_fp8: bool = False) -> LowLatencyDispatchResult:
+  """Writes every (token, expert) pair straight into the expert's row block.
+
+  Args:
+    x: [T_local, H] bfloat16 (float16/float32 accepted by the portable backend).
+    topk_idx: int32 (or int64) [T_local, K] in [-1, E). A token choosing the same
+      expert twice sends one row.
+    config: the EpConfig given to initialize().
+    use_fp8: send float8_e4m3fn rows with per-128-channel scales (jax_ep.fp8).
+  Returns:
+    LowLatencyDispatchResult (see jax_ep.types).
+  """
+  op = "low_latency_dispatch"
+  state, _ = _prepare(op, config)
+  num_tokens = _validate.tokens(x, config, op)
+  idx = _validate.topk_indices(topk_idx, num_tokens, config, op)
+  if use_fp8 and config.hidden % 128:
+    raise EpConfigError(f"jax_ep.{op}: use_fp8 needs hidden to be a multiple of 128, "
+                        f"got {config.hidden}")
+  x, idx = _varying(config, x, idx)
+  return _ll_dispatch(_Static(config=config, backend=state.backend, fp8=bool(use_fp8)), x, idx)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ll_dispatch(static: _Static, x, idx) -> LowLatencyDispatchResult:
+  out, scales, count, num_invalid, handle = static.backend.ll_dispatch(
+      x, idx, static.config, static.fp8)
+  return LowLatencyDispatchResult(x=out, scales=scales, count=count, num_invalid=num_invalid,
+                                  handle=handle)
+
+
+def _ll_dispatch_fwd(static, x, idx):
+  x, idx = _primal((x, idx))
+  result = _ll_dispatch(static, x, idx)
+  return result, (idx, result.handle)
+
+
+def _distinct_experts(idx: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array]:
+  """(idx with repeats and invalid entries set to -1, 1.0 where kept)."""
+  clean = jnp.where((idx >= 0) & (idx < num_experts), idx, -1)
+  num_topk = idx.shape[1]
+  same = clean[:, :, None] == clean[:, None, :]
+  earlier = jnp.tril(jnp.ones((num_topk, num_topk), dtype=bool), k=-1)
+  first = (clean >= 0) & ~jnp.any(same & earlier[None], axis=2)
+  return jnp.where(first, clean, -1), first.astype(jnp.float32)
+
+
+def _ll_dispatch_bwd(static, residuals, ct: LowLatencyDispatchResult):
+  idx, handle = residuals
+  if _is_zero(ct.x):
+    return None, None
+  if static.fp8:
+    raise EpError("jax_ep.low_latency_dispatch: gradients through use_fp8=True are not "
+                  "supported; dispatch bfloat16 rows where you differentiate")
+  distinct_idx, ones = _distinct_experts(idx, static.config.num_experts)
+  return static.backend.ll_combine(_masked_rows(ct.x, handle), distinct_idx, ones, handle), None
+
+
+def _masked_rows(rows: jax.Array, handle: LowLatencyHandle) -> jax.Array:
+  """Zeroes rows at and past count (unspecified contents)."""
+  valid = jnp.arange(rows.shape[1])[None, :] < handle.count[:, None]
+  return jnp.where(valid.reshape(valid.shape + (1,) * (rows.ndim - 2)), rows,
+                   jnp.zeros((), rows.dtype))
+
+
+_ll_dispatch.defvjp(_ll_dispatch_fwd, _ll_dispatch_bwd, symbolic_zeros=True)
+
+
+# ====================================================================== LL combine
+def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
+                        handle: LowLatencyHandle, *, config: EpConfig) -> jax.Array:
+  """Returns each expert row to its source and reduces with the top-k weights.
+
+  Args:
+    y: [E_local, R*T, H] bfloat16 (float16/float32 with the portable backend):
+      expert outputs in the row order of the matching low_latency_dispatch.
+    topk_idx: the [T_local, K] indices given to that dispatch.
+    topk_weights: float [T_local, K] (used as float32).
+    handle: LowLatencyDispatchResult.handle.
+    config: the EpConfig given to initialize().
+  Returns:
+    [T_local, H] of y.dtype: out[t] = sum over valid k of w[t, k] * y_{rank of e_k}
+    [e_k local, row of (t, e_k)], accumulated in float32.
+  """
+  op = "low_latency_combine"
+  state, num_ranks = _prepare(op, config)
+  _check_handle(handle, LowLatencyHandle, config, op)
+  experts_per_rank = config.experts_per_rank(num_ranks)
+  rows = num_ranks * config.max_tokens_per_rank
+  if y.shape != (experts_per_rank, rows, config.hidden):
+    raise EpConfigError(f"jax_ep.{op}: y must be [{experts_per_rank}, {rows}, {config.hidden}] "
+                        f"(E_local, R*T, H), got {y.shape}")
+  if not any(y.dtype == jnp.dtype(d) for d in _validate.ROW_DTYPES):
+    raise EpConfigError(f"jax_ep.{op}: y dtype {y.dtype} is not supported; use bfloat16, "
+                        "float16 or float32")
+  if topk_idx.ndim != 2:
+    raise EpConfigError(f"jax_ep.{op}: topk_idx must be [tokens, {config.num_topk}], "
+                        f"got {topk_idx.shape}")
+  num_tokens = topk_idx.shape[0]
+  if num_tokens > config.max_tokens_per_rank:
+    raise EpConfigError(f"jax_ep.{op}: {num_tokens} tokens exceed max_tokens_per_rank "
+                        f"{config.max_tokens_per_rank}")
+  idx = _validate.topk_indices(topk_idx, num_tokens, config, op)
+  weights = _validate.topk_weights(topk_weights, num_tokens, config, op)
+  y, idx, weights = _varying(config, y, idx, weights)
+  return _ll_combine(_Static(config=config, backend=state.backend), y, idx, weights, handle)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ll_combine(static: _Static, y, idx, weights, handle):
+  return static.backend.ll_combine(y, idx, weights, handle)
+
+
+def _ll_combine_fwd(static, y, idx, weights, handle):
+  args = _primal((y, idx, weights, handle))
+  return _ll_combine(static, *args), args
+
+
+def _ll_combine_bwd(static, residuals, ct):
+  y, idx, weights, handle = residuals
+  if _is_zero(ct):
+    return None, None, None, None
+  backend = static.backend
+  # Row (t, e) of the cotangent: ct[t] moved exactly like the forward dispatch moved x[t].
+  ct_rows = _masked_rows(backend.ll_dispatch(ct, idx, static.config, False)[0], handle)
+  ct_rows_f32 = ct_rows.astype(jnp.float32)
+  row_weight = backend.ll_pairs_to_rows(weights, idx, handle)  # sum of w over k choosing e
+  grad_y = (ct_rows_f32 * row_weight[..., None]).astype(y.dtype)
+  row_dot = jnp.sum(ct_rows_f32 * _masked_rows(y, handle).astype(jnp.float32), axis=-1)
+  grad_weights = backend.ll_rows_to_pairs(row_dot, idx, handle)
+  return grad_y, None, grad_weights, None
+
+
+_ll_combine.defvjp(_ll_combine_fwd, _ll_combine_bwd, symbolic_zeros=True)

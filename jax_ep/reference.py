@@ -1,0 +1,198 @@
+"""The oracle: an obviously-correct all_gather implementation of jax_ep's contract.
+
+Every rank gathers every rank's tokens and routing and computes what it should
+receive (or return) with dense jax.numpy. It shares no code with the backends
+(not even the FP8 formula, which is restated here), it is differentiable with
+plain JAX autodiff, and it is only meant for tests: it moves R times the data.
+
+Call inside ``jax.shard_map`` over ``config.axis_name`` like the real ops; no
+``initialize`` needed. Row orders are the contract's: (source rank, source
+token index).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_ep.config import EpConfig
+
+
+def _clean(topk_idx: jax.Array, config: EpConfig) -> jax.Array:
+  valid = (topk_idx >= -1) & (topk_idx < config.num_experts)
+  return jnp.where(valid, topk_idx, -1).astype(jnp.int32)
+
+
+def _gather(x: jax.Array, config: EpConfig) -> jax.Array:
+  return jax.lax.all_gather(x, config.axis_name)
+
+
+def _place_payload(place, rows: jax.Array) -> jax.Array:
+  """Padding rows are zero *bytes*: float8_e8m0fnu has no zero value, so its
+  rows are placed as raw uint8 (the others stay differentiable)."""
+  if rows.dtype != jnp.float8_e8m0fnu:
+    return place(rows, 0)
+  raw = place(jax.lax.bitcast_convert_type(rows, jnp.uint8), 0)
+  return jax.lax.bitcast_convert_type(raw, rows.dtype)
+
+
+def _num_ranks(config: EpConfig) -> int:
+  return jax.lax.axis_size(config.axis_name)
+
+
+def _chooses(idx: jax.Array, experts: jax.Array) -> jax.Array:
+  """bool[..., len(experts)]: the token's top-k contains the expert."""
+  return jnp.any(idx[..., :, None] == experts, axis=-2)
+
+
+def get_dispatch_layout(topk_idx: jax.Array, *, config: EpConfig):
+  """(tokens_per_rank int32[R], tokens_per_expert int32[E], is_token_in_rank bool[T, R])."""
+  num_ranks = _num_ranks(config)
+  experts_per_rank = config.num_experts // num_ranks
+  idx = _clean(topk_idx, config)
+  per_expert = _chooses(idx, jnp.arange(config.num_experts))              # [T, E]
+  in_rank = jnp.any(per_expert.reshape(idx.shape[0], num_ranks, experts_per_rank), axis=2)
+  return (jnp.sum(in_rank, axis=0, dtype=jnp.int32), jnp.sum(per_expert, axis=0, dtype=jnp.int32),
+          in_rank)
+
+
+def _ht_routing(all_idx: jax.Array, rank, config: EpConfig, capacity: int):
+  """For receiver ``rank``: which gathered tokens it gets and at which row.
+
+  all_idx: int32[R, T_local, K]. Returns (row int32[R*T_local], kept bool[R*T_local],
+  received int32[]) over the tokens in (source rank, source token) order.
+  """
+  num_ranks = all_idx.shape[0]
+  experts_per_rank = config.num_experts // num_ranks
+  flat = all_idx.reshape(-1, all_idx.shape[-1])
+  goes_here = jnp.any((flat >= 0) & (flat // experts_per_rank == rank), axis=1)
+  row = jnp.cumsum(goes_here) - 1
+  return row, goes_here & (row < capacity), jnp.sum(goes_here, dtype=jnp.int32)
+
+
+def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfig,
+             capacity: int | None = None) -> dict:
+  """The HT dispatch, as a dict of the DispatchResult fields (no handle).
+
+  ``x`` may be an array or an (x_fp8, scales) pair; ``scales`` is None otherwise.
+  """
+  num_ranks = _num_ranks(config)
+  experts_per_rank = config.num_experts // num_ranks
+  capacity = capacity or num_ranks * config.max_tokens_per_rank
+  me = jax.lax.axis_index(config.axis_name)
+  payloads = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+  idx = _clean(topk_idx, config)
+  all_idx = _gather(idx, config)                                          # [R, T, K]
+  all_w = _gather(topk_weights.astype(jnp.float32), config)
+  row, kept, received = _ht_routing(all_idx, me, config, capacity)
+  target = jnp.where(kept, row, capacity)
+
+  def place(values, fill):
+    flat = values.reshape((-1,) + values.shape[2:])
+    out = jnp.full((capacity,) + flat.shape[1:], fill, flat.dtype)
+    return out.at[target].set(flat, mode="drop")
+
+  flat_idx = all_idx.reshape(-1, all_idx.shape[-1])
+  mine = (flat_idx >= 0) & (flat_idx // experts_per_rank == me)
+  local_idx = jnp.where(mine, flat_idx - me * experts_per_rank, -1)
+  local_w = jnp.where(mine, all_w.reshape(mine.shape), 0.0)
+  out_idx = place(local_idx.reshape(all_idx.shape), -1)
+  num_tokens = jnp.minimum(received, capacity)
+  outs = [_place_payload(place, _gather(p, config)) for p in payloads]
+  return dict(
+      x=outs[0], scales=outs[1] if len(outs) > 1 else None, topk_idx=out_idx,
+      topk_weights=place(local_w.reshape(all_idx.shape), 0.0), num_tokens=num_tokens,
+      tokens_per_expert=jnp.sum(_chooses(out_idx, jnp.arange(experts_per_rank)), axis=0,
+                                dtype=jnp.int32),
+      num_dropped=received - num_tokens,
+      num_invalid=jnp.sum((topk_idx < -1) | (topk_idx >= config.num_experts), dtype=jnp.int32))
+
+
+def combine(y: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
+            capacity: int | None = None) -> jax.Array:
+  """The HT combine for rows ``y [C, H]`` produced from ``dispatch(x, topk_idx, ...)``."""
+  num_ranks = _num_ranks(config)
+  capacity = capacity or num_ranks * config.max_tokens_per_rank
+  me = jax.lax.axis_index(config.axis_name)
+  num_tokens = topk_idx.shape[0]
+  all_idx = _gather(_clean(topk_idx, config), config)
+  all_y = _gather(y, config)                                              # [R, C, H]
+  out = jnp.zeros((num_tokens,) + y.shape[1:], jnp.float32)
+  for r in range(num_ranks):
+    row, kept, _ = _ht_routing(all_idx, r, config, capacity)
+    my_rows = jax.lax.dynamic_slice_in_dim(row, me * num_tokens, num_tokens)
+    my_kept = jax.lax.dynamic_slice_in_dim(kept, me * num_tokens, num_tokens)
+    contribution = all_y[r][jnp.where(my_kept, my_rows, 0)].astype(jnp.float32)
+    out = out + jnp.where(my_kept.reshape((-1,) + (1,) * (y.ndim - 1)), contribution, 0.0)
+  return out.astype(y.dtype)
+
+
+def quantize_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Per-128-channel e4m3 cast: scale = max(amax, 1e-4) / 448."""
+  groups = x.astype(jnp.float32).reshape(x.shape[:-1] + (-1, 128))
+  amax = jnp.maximum(jnp.max(jnp.abs(groups), axis=-1, keepdims=True), 1e-4)
+  q = (groups * (448.0 / amax)).astype(jnp.float8_e4m3fn).reshape(x.shape)
+  return q, (amax / 448.0)[..., 0]
+
+
+def _ll_rows(all_idx: jax.Array, expert) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """For one global expert: (row int32[R*T], chooses bool[R*T], count int32[])."""
+  chooses = jnp.any(all_idx.reshape(-1, all_idx.shape[-1]) == expert, axis=1)
+  return jnp.cumsum(chooses) - 1, chooses, jnp.sum(chooses, dtype=jnp.int32)
+
+
+def low_latency_dispatch(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
+                         use_fp8: bool = False) -> dict:
+  """The LL dispatch as a dict: x [E_local, R*T, H], scales or None, count, recv_src.
+
+  Rows past count are zero here (the contract leaves them unspecified).
+  recv_src holds src_rank * T_local + src_token per row, -1 past count.
+  """
+  num_ranks = _num_ranks(config)
+  experts_per_rank = config.num_experts // num_ranks
+  rows = num_ranks * config.max_tokens_per_rank
+  me = jax.lax.axis_index(config.axis_name)
+  all_idx = _gather(_clean(topk_idx, config), config)
+  payloads = quantize_fp8(x) if use_fp8 else (x,)
+  gathered = [_gather(p, config).reshape((-1,) + p.shape[1:]) for p in payloads]
+  outs = [[] for _ in payloads]
+  counts, sources = [], []
+  for e in range(experts_per_rank):
+    row, chooses, count = _ll_rows(all_idx, me * experts_per_rank + e)
+    target = jnp.where(chooses, row, rows)
+    for out, g in zip(outs, gathered):
+      out.append(jnp.zeros((rows,) + g.shape[1:], g.dtype).at[target].set(g, mode="drop"))
+    sources.append(jnp.full((rows,), -1, jnp.int32).at[target].set(
+        jnp.arange(chooses.shape[0], dtype=jnp.int32), mode="drop"))
+    counts.append(count)
+  stacked = [jnp.stack(o) for o in outs]
+  return dict(x=stacked[0], scales=stacked[1] if use_fp8 else None, count=jnp.stack(counts),
+              recv_src=jnp.stack(sources))
+
+
+def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array, *,
+                        config: EpConfig) -> jax.Array:
+  """out[t] = sum_k w[t, k] * (row of (t, e_k) in y of e_k's rank), fp32, cast to y.dtype."""
+  num_ranks = _num_ranks(config)
+  experts_per_rank = config.num_experts // num_ranks
+  me = jax.lax.axis_index(config.axis_name)
+  num_tokens = topk_idx.shape[0]
+  idx = _clean(topk_idx, config)
+  all_idx = _gather(idx, config)
+  all_y = _gather(y, config)                                              # [R, E_local, R*T, H]
+  # row_of[e, t]: row of my token t in global expert e's block.
+  row_of = []
+  for e in range(config.num_experts):
+    row, _, _ = _ll_rows(all_idx, e)
+    row_of.append(jax.lax.dynamic_slice_in_dim(row, me * num_tokens, num_tokens))
+  row_of = jnp.stack(row_of)                                              # [E, T]
+  out = jnp.zeros((num_tokens,) + y.shape[2:], jnp.float32)
+  tokens = jnp.arange(num_tokens)
+  for k in range(idx.shape[1]):
+    e = idx[:, k]
+    safe_e = jnp.maximum(e, 0)
+    row = row_of[safe_e, tokens]
+    picked = all_y[safe_e // experts_per_rank, safe_e % experts_per_rank, row]
+    contribution = topk_weights[:, k].astype(jnp.float32)[:, None] * picked.astype(jnp.float32)
+    out = out + jnp.where((e >= 0)[:, None], contribution, 0.0)
+  return out.astype(y.dtype)

@@ -1,0 +1,127 @@
+"""Process-wide jax_ep state: which backend runs the ops and what it holds.
+
+``initialize(config, mesh)`` is called once before jit (collectively, on every
+process of the mesh); the ops look the state up at trace time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional
+
+import jax
+
+from jax_ep import _extension
+from jax_ep.backends.xla import XlaBackend
+from jax_ep.config import EpConfig
+from jax_ep.errors import EpConfigError, EpError
+
+BACKENDS = ("auto", "xla", "cuda")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeState:
+  """What initialize() established.
+
+  Attributes:
+    config: the EpConfig the buffers are sized for.
+    num_ranks: size of the EP mesh axis.
+    backend: the backend object the ops call ("xla" or "cuda").
+    mesh: the mesh given to initialize().
+    cuda: the CUDA runtime (NVSHMEM, symmetric buffers) or None.
+  """
+
+  config: EpConfig
+  num_ranks: int
+  backend: Any
+  mesh: jax.sharding.Mesh
+  cuda: Optional[Any] = None
+
+  @property
+  def backend_name(self) -> str:
+    return self.backend.name
+
+
+_state: Optional[RuntimeState] = None
+
+
+def _mesh_platform(mesh: jax.sharding.Mesh) -> str:
+  return mesh.devices.flat[0].platform
+
+
+def _choose_backend(requested: str, mesh: jax.sharding.Mesh) -> str:
+  if requested not in BACKENDS:
+    raise EpConfigError(f"backend must be one of {BACKENDS}, got {requested!r}")
+  if requested != "auto":
+    return requested
+  if _mesh_platform(mesh) == "gpu" and _extension.cuda_module() is not None:
+    return "cuda"
+  return "xla"
+
+
+def initialize(config: EpConfig, mesh: jax.sharding.Mesh, *, backend: str | None = None) -> None:
+  """Prepares jax_ep for ``config`` on ``mesh``; call before jit, on every process.
+
+  Picks the backend (``backend=`` or env ``JAX_EP_BACKEND``: "auto" (default),
+  "cuda" or "xla"; auto takes the CUDA kernels when the mesh is on GPUs and
+  the CUDA extension loads, else the portable XLA backend) and allocates what
+  it needs. Idempotent for the same config; a different config re-sizes the
+  backend's buffers (the transport stays up).
+
+  Raises:
+    EpConfigError: the axis is not in the mesh or E is not a multiple of R.
+    EpError: the chosen backend cannot start (the message says why).
+  """
+  global _state
+  if not isinstance(config, EpConfig):
+    raise EpConfigError(f"initialize() needs an EpConfig, got {type(config).__name__}")
+  if config.axis_name not in mesh.axis_names:
+    raise EpConfigError(
+        f"EpConfig.axis_name {config.axis_name!r} is not an axis of the mesh {mesh.axis_names}")
+  num_ranks = mesh.shape[config.axis_name]
+  config.experts_per_rank(num_ranks)
+  choice = _choose_backend(backend or os.environ.get("JAX_EP_BACKEND", "auto"), mesh)
+  previous = _state
+  if (previous is not None and previous.config == config and previous.mesh == mesh
+      and previous.backend_name == choice):
+    return
+  if choice == "xla":
+    if previous is not None and previous.cuda is not None:
+      previous.cuda.release_buffers()
+    _state = RuntimeState(config=config, num_ranks=num_ranks, backend=XlaBackend(), mesh=mesh)
+    return
+  from jax_ep import cuda_runtime  # pylint: disable=import-outside-toplevel
+  runtime = cuda_runtime.initialize(config, mesh, previous.cuda if previous else None)
+  _state = RuntimeState(config=config, num_ranks=num_ranks, backend=runtime.backend,
+                        mesh=mesh, cuda=runtime)
+
+
+def finalize() -> None:
+  """Releases everything initialize() set up (clears JAX's caches first, since
+  compiled executables refer to the buffers). Safe to call twice."""
+  global _state
+  state = _state
+  _state = None
+  jax.clear_caches()
+  if state is not None and state.cuda is not None:
+    state.cuda.finalize()
+
+
+def state() -> Optional[RuntimeState]:
+  """The current RuntimeState, or None before initialize()."""
+  return _state
+
+
+def require(config: EpConfig, op: str) -> RuntimeState:
+  """The state for an op call with ``config``; raises a clear error otherwise."""
+  if not isinstance(config, EpConfig):
+    raise EpConfigError(f"jax_ep.{op}: config= must be an EpConfig, got {type(config).__name__}")
+  current = _state
+  if current is None:
+    raise EpError(f"jax_ep.{op}: call jax_ep.initialize(config, mesh) before tracing jax_ep ops")
+  if current.config != config:
+    raise EpConfigError(
+        f"jax_ep.{op}: jax_ep was initialized with {current.config} but this call uses "
+        f"{config}; call jax_ep.initialize(config, mesh) with the config you use")
+  return current
