@@ -11,6 +11,7 @@ are documented in ``xla_ffi/cpu/portable_ops.h``.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -35,8 +36,8 @@ def _per_platform(ffi_fn: Callable, jnp_fn: Callable, *args):
   return jax.lax.platform_dependent(*args, cpu=on_cpu, default=jnp_fn)
 
 
-def _ffi(name: str, results, *args, **attrs):
-  return jax.ffi.ffi_call(name, results)(*args, **attrs)
+def _ffi(name: str, results, *args, has_side_effect: bool = False, **attrs):
+  return jax.ffi.ffi_call(name, results, has_side_effect=has_side_effect)(*args, **attrs)
 
 
 def _first_occurrence(clean_idx: jax.Array) -> jax.Array:
@@ -54,50 +55,79 @@ def _drop_negative(index: jax.Array, bound: int) -> jax.Array:
 
 
 # ------------------------------------------------------------------ layout
-def layout(topk_idx: jax.Array, *, num_experts: int, num_ranks: int, debug_checks: bool):
+def layout(topk_idx: jax.Array, *, num_experts: int, num_ranks: int):
   """Counts of one rank's routing.
 
   Args:
     topk_idx: int32[T, K], any values.
   Returns:
     clean_idx int32[T, K] (entries outside [-1, E) replaced by -1),
-    num_invalid int32[], tokens_per_rank int32[R], tokens_per_expert int32[E],
-    is_token_in_rank bool[T, R].
+    num_invalid int32[], first_invalid int32[3] ((token, slot, value) of the
+    first invalid entry, or (-1, -1, 0)), tokens_per_rank int32[R],
+    tokens_per_expert int32[E], is_token_in_rank bool[T, R].
   """
   num_tokens, num_topk = topk_idx.shape
 
   def ffi_fn(idx):
     results = (result_type((num_tokens, num_topk), I32, idx), result_type((), I32, idx),
-               result_type((num_ranks,), I32, idx), result_type((num_experts,), I32, idx),
+               result_type((3,), I32, idx), result_type((num_ranks,), I32, idx),
+               result_type((num_experts,), I32, idx),
                result_type((num_tokens, num_ranks), jnp.bool_, idx))
     return _ffi("jax_ep_cpu_layout", results, idx, num_experts=np.int64(num_experts),
-                num_ranks=np.int64(num_ranks), debug_checks=bool(debug_checks))
+                num_ranks=np.int64(num_ranks))
 
   def jnp_fn(idx):
     valid = (idx >= -1) & (idx < num_experts)
     clean = jnp.where(valid, idx, -1)
-    num_invalid = jnp.sum(~valid, dtype=I32)
-    if debug_checks:
-      jax.debug.callback(_raise_invalid, num_invalid, idx, np.int64(num_experts))
+    flat_first = jnp.argmax(~valid.reshape(-1)).astype(I32)
+    any_invalid = ~jnp.all(valid)
+    first_invalid = jnp.where(
+        any_invalid,
+        jnp.stack([flat_first // num_topk, flat_first % num_topk, idx.reshape(-1)[flat_first]]),
+        jnp.array([-1, -1, 0], I32))
     first = _first_occurrence(clean)
     per_expert = jnp.any((clean[:, :, None] == jnp.arange(num_experts)) & first[:, :, None], axis=1)
     experts_per_rank = num_experts // num_ranks
     owner = jnp.where(clean >= 0, clean // experts_per_rank, -1)
     in_rank = jnp.any(owner[:, :, None] == jnp.arange(num_ranks), axis=1)
-    return (clean, num_invalid, jnp.sum(in_rank, axis=0, dtype=I32),
-            jnp.sum(per_expert, axis=0, dtype=I32), in_rank)
+    return (clean, jnp.sum(~valid, dtype=I32), first_invalid,
+            jnp.sum(in_rank, axis=0, dtype=I32), jnp.sum(per_expert, axis=0, dtype=I32), in_rank)
 
   return _per_platform(ffi_fn, jnp_fn, topk_idx)
 
 
-def _raise_invalid(num_invalid, idx, num_experts) -> None:
-  if int(num_invalid) > 0:
-    idx = np.asarray(idx)
-    bad = np.argwhere((idx < -1) | (idx >= int(num_experts)))[0]
-    raise EpError(
-        f"jax_ep layout: {int(num_invalid)} top-k index(es) outside [-1, {int(num_experts)}); "
-        f"first: topk_idx[{bad[0]}][{bad[1]}] = {idx[tuple(bad)]} (EpConfig(debug_checks=True) "
-        "turns these into errors; without it they are treated as -1 and counted in num_invalid)")
+def check_invalid(clean_idx: jax.Array, invalid_counts: jax.Array, first_invalid: jax.Array, *,
+                  num_experts: int) -> jax.Array:
+  """Fails on every rank when any rank saw an invalid index (EpConfig.debug_checks).
+
+  Args:
+    clean_idx: int32[T, K], passed through (later steps depend on the check).
+    invalid_counts: int32[R]; first_invalid: int32[R, 3], gathered over the EP axis.
+  """
+
+  def ffi_fn(idx, counts, first):
+    # A side effect: the check runs even where nothing consumes its result.
+    return _ffi("jax_ep_cpu_check_invalid", result_type(idx.shape, I32, idx), idx, counts, first,
+                has_side_effect=True, num_experts=np.int64(num_experts))
+
+  def jnp_fn(idx, counts, first):
+    jax.debug.callback(functools.partial(_raise_invalid, num_experts=num_experts), counts, first)
+    return idx
+
+  return _per_platform(ffi_fn, jnp_fn, clean_idx, invalid_counts, first_invalid)
+
+
+def _raise_invalid(counts, first, *, num_experts: int) -> None:
+  counts = np.asarray(counts)
+  if counts.sum() == 0:
+    return
+  rank = int(np.argmax(counts > 0))
+  token, slot, value = (int(v) for v in np.asarray(first)[rank])
+  raise EpError(
+      f"jax_ep debug_checks: {int(counts.sum())} top-k index(es) outside [-1, {num_experts}) on "
+      f"the EP group (per rank: {counts.tolist()}); first on rank {rank}: "
+      f"topk_idx[{token}][{slot}] = {value}. EpConfig(debug_checks=True) makes these errors; "
+      "without it they are treated as -1 and counted in num_invalid.")
 
 
 # ------------------------------------------------------------------ HT

@@ -46,9 +46,19 @@ class XlaBackend:
 
   # ---------------------------------------------------------------- layout
   def layout(self, topk_idx: jax.Array, config: EpConfig):
-    """(clean_idx, num_invalid, tokens_per_rank, tokens_per_expert, is_token_in_rank)."""
-    return local_ops.layout(topk_idx, num_experts=config.num_experts,
-                            num_ranks=_num_ranks(config), debug_checks=config.debug_checks)
+    """(clean_idx, num_invalid, tokens_per_rank, tokens_per_expert, is_token_in_rank).
+
+    With ``config.debug_checks`` every rank fails (at run time) when any rank
+    has an index outside [-1, E).
+    """
+    clean, num_invalid, first_invalid, tokens_per_rank, tokens_per_expert, is_token_in_rank = (
+        local_ops.layout(topk_idx, num_experts=config.num_experts, num_ranks=_num_ranks(config)))
+    if config.debug_checks:
+      axis = config.axis_name
+      clean = local_ops.check_invalid(clean, jax.lax.all_gather(num_invalid, axis),
+                                      jax.lax.all_gather(first_invalid, axis),
+                                      num_experts=config.num_experts)
+    return clean, num_invalid, tokens_per_rank, tokens_per_expert, is_token_in_rank
 
   # ---------------------------------------------------------------- HT
   def ht_dispatch(self, payloads: tuple[jax.Array, ...], topk_idx: jax.Array,

@@ -1,5 +1,6 @@
 #include "xla_ffi/cpu/cpu_handlers.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -40,9 +41,9 @@ bool SameTrailing(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b) {
 }  // namespace
 
 ffi::Error LayoutImpl(ffi::Buffer<ffi::S32> topk_idx, int64_t num_experts,
-                      int64_t num_ranks, bool debug_checks,
-                      ffi::ResultBuffer<ffi::S32> clean_idx,
+                      int64_t num_ranks, ffi::ResultBuffer<ffi::S32> clean_idx,
                       ffi::ResultBuffer<ffi::S32> num_invalid,
+                      ffi::ResultBuffer<ffi::S32> first_invalid,
                       ffi::ResultBuffer<ffi::S32> tokens_per_rank,
                       ffi::ResultBuffer<ffi::S32> tokens_per_expert,
                       ffi::ResultBuffer<ffi::PRED> is_token_in_rank) {
@@ -55,27 +56,54 @@ ffi::Error LayoutImpl(ffi::Buffer<ffi::S32> topk_idx, int64_t num_experts,
   }
   const int64_t num_tokens = dims[0], num_topk = dims[1];
   if (clean_idx->element_count() != static_cast<size_t>(num_tokens * num_topk) ||
+      first_invalid->element_count() != 3 ||
       tokens_per_rank->element_count() != static_cast<size_t>(num_ranks) ||
       tokens_per_expert->element_count() != static_cast<size_t>(num_experts) ||
       is_token_in_rank->element_count() != static_cast<size_t>(num_tokens * num_ranks)) {
     return Invalid("layout", "result shapes do not match topk_idx " + Shape(dims));
   }
-  int64_t first_invalid = -1;
-  const int32_t invalid = Layout(topk_idx.typed_data(), num_tokens, num_topk, num_experts,
-                                 num_ranks, clean_idx->typed_data(),
-                                 tokens_per_rank->typed_data(), tokens_per_expert->typed_data(),
-                                 is_token_in_rank->typed_data(), &first_invalid);
-  num_invalid->typed_data()[0] = invalid;
-  if (debug_checks && invalid > 0) {
-    const int64_t token = first_invalid / num_topk, slot = first_invalid % num_topk;
-    return Invalid("layout", std::to_string(invalid) + " top-k index(es) outside [-1, " +
-                                 std::to_string(num_experts) + "); first: topk_idx[" +
-                                 std::to_string(token) + "][" + std::to_string(slot) + "] = " +
-                                 std::to_string(topk_idx.typed_data()[first_invalid]) +
-                                 " (EpConfig(debug_checks=True) turns these into errors; "
-                                 "without it they are treated as -1 and counted in num_invalid)");
-  }
+  int64_t first = -1;
+  num_invalid->typed_data()[0] =
+      Layout(topk_idx.typed_data(), num_tokens, num_topk, num_experts, num_ranks,
+             clean_idx->typed_data(), tokens_per_rank->typed_data(),
+             tokens_per_expert->typed_data(), is_token_in_rank->typed_data(), &first);
+  int32_t* info = first_invalid->typed_data();
+  info[0] = first < 0 ? -1 : static_cast<int32_t>(first / num_topk);
+  info[1] = first < 0 ? -1 : static_cast<int32_t>(first % num_topk);
+  info[2] = first < 0 ? 0 : topk_idx.typed_data()[first];
   return ffi::Error::Success();
+}
+
+ffi::Error CheckInvalidImpl(ffi::Buffer<ffi::S32> clean_idx, ffi::Buffer<ffi::S32> invalid_counts,
+                            ffi::Buffer<ffi::S32> first_invalid, int64_t num_experts,
+                            ffi::ResultBuffer<ffi::S32> checked_idx) {
+  const int64_t num_ranks = invalid_counts.element_count();
+  if (first_invalid.element_count() != static_cast<size_t>(3 * num_ranks) ||
+      checked_idx->element_count() != clean_idx.element_count()) {
+    return Invalid("check_invalid", "expected counts [R], first_invalid [R, 3] and a result "
+                                    "shaped like topk_idx");
+  }
+  std::copy_n(clean_idx.typed_data(), clean_idx.element_count(), checked_idx->typed_data());
+  const int32_t* counts = invalid_counts.typed_data();
+  const int32_t* first = first_invalid.typed_data();
+  int64_t total = 0;
+  std::string per_rank, detail;
+  for (int64_t r = 0; r < num_ranks; ++r) {
+    total += counts[r];
+    per_rank += (r ? ", " : "") + std::to_string(counts[r]);
+    if (counts[r] > 0 && detail.empty()) {
+      detail = "first on rank " + std::to_string(r) + ": topk_idx[" +
+               std::to_string(first[3 * r]) + "][" + std::to_string(first[3 * r + 1]) +
+               "] = " + std::to_string(first[3 * r + 2]);
+    }
+  }
+  if (total == 0) return ffi::Error::Success();
+  return Invalid("debug_checks", std::to_string(total) + " top-k index(es) outside [-1, " +
+                                     std::to_string(num_experts) + ") on the EP group " +
+                                     "(per rank: [" + per_rank + "]); " + detail +
+                                     ". EpConfig(debug_checks=True) makes these errors; "
+                                     "without it they are treated as -1 and counted in "
+                                     "num_invalid.");
 }
 
 namespace {
@@ -238,12 +266,20 @@ XLA_FFI_DEFINE_HANDLER(kLayout, LayoutImpl,
                            .Arg<ffi::Buffer<ffi::S32>>()
                            .Attr<int64_t>("num_experts")
                            .Attr<int64_t>("num_ranks")
-                           .Attr<bool>("debug_checks")
+                           .Ret<ffi::Buffer<ffi::S32>>()
                            .Ret<ffi::Buffer<ffi::S32>>()
                            .Ret<ffi::Buffer<ffi::S32>>()
                            .Ret<ffi::Buffer<ffi::S32>>()
                            .Ret<ffi::Buffer<ffi::S32>>()
                            .Ret<ffi::Buffer<ffi::PRED>>());
+
+XLA_FFI_DEFINE_HANDLER(kCheckInvalid, CheckInvalidImpl,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Attr<int64_t>("num_experts")
+                           .Ret<ffi::Buffer<ffi::S32>>());
 
 XLA_FFI_DEFINE_HANDLER(kHtRoute, HtRouteImpl,
                        ffi::Ffi::Bind()
@@ -304,6 +340,7 @@ XLA_FFI_DEFINE_HANDLER(kGatherReduce, GatherReduceImpl,
 
 const HandlerEntry kHandlers[] = {
     {"jax_ep_cpu_layout", kLayout},
+    {"jax_ep_cpu_check_invalid", kCheckInvalid},
     {"jax_ep_cpu_ht_route", kHtRoute},
     {"jax_ep_cpu_ht_compact", kHtCompact},
     {"jax_ep_cpu_ll_route", kLlRoute},

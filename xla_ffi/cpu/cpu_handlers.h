@@ -19,13 +19,24 @@ struct HandlerEntry {
 const HandlerEntry* CpuHandlers();
 
 // The implementations, exposed for the C++ unit tests.
+// first_invalid: int32[3] = (token, slot, value) of the first index outside
+// [-1, E), or (-1, -1, 0).
 ffi::Error LayoutImpl(ffi::Buffer<ffi::S32> topk_idx, int64_t num_experts,
-                      int64_t num_ranks, bool debug_checks,
-                      ffi::ResultBuffer<ffi::S32> clean_idx,
+                      int64_t num_ranks, ffi::ResultBuffer<ffi::S32> clean_idx,
                       ffi::ResultBuffer<ffi::S32> num_invalid,
+                      ffi::ResultBuffer<ffi::S32> first_invalid,
                       ffi::ResultBuffer<ffi::S32> tokens_per_rank,
                       ffi::ResultBuffer<ffi::S32> tokens_per_expert,
                       ffi::ResultBuffer<ffi::PRED> is_token_in_rank);
+
+// EpConfig(debug_checks=True): fails on every rank when any rank saw an
+// invalid index (a check on one rank only would leave the others waiting in
+// the next collective). Inputs gathered over the EP axis:
+//   invalid_counts int32[R], first_invalid int32[R, 3] (see LayoutImpl).
+// Passes clean_idx through, so the exchange that follows depends on it.
+ffi::Error CheckInvalidImpl(ffi::Buffer<ffi::S32> clean_idx, ffi::Buffer<ffi::S32> invalid_counts,
+                            ffi::Buffer<ffi::S32> first_invalid, int64_t num_experts,
+                            ffi::ResultBuffer<ffi::S32> checked_idx);
 
 ffi::Error ScatterRowsImpl(ffi::AnyBuffer src, ffi::Buffer<ffi::S32> index,
                            ffi::Result<ffi::AnyBuffer> out);

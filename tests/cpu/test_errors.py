@@ -1,0 +1,196 @@
+"""Bad input: clear errors at trace time, invalid indices never used as addresses."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_ep
+from ep_testing import make_mesh, random_rows, run_per_shard, setup
+
+CONFIG = dict(num_experts=8, hidden=16, max_tokens_per_rank=4, num_topk=2)
+
+
+def _args(num_ranks=2, t=4, h=16, k=2, dtype=jnp.bfloat16):
+  rng = np.random.default_rng(0)
+  return (random_rows(rng, (num_ranks * t, h), dtype),
+          np.zeros((num_ranks * t, k), np.int32), np.ones((num_ranks * t, k), np.float32))
+
+
+def test_config_validation():
+  with pytest.raises(jax_ep.EpConfigError, match="num_experts"):
+    jax_ep.EpConfig(num_experts=0, hidden=8, max_tokens_per_rank=4, num_topk=1)
+  with pytest.raises(jax_ep.EpConfigError, match="num_topk"):
+    jax_ep.EpConfig(num_experts=4, hidden=8, max_tokens_per_rank=4, num_topk=5)
+  with pytest.raises(jax_ep.EpConfigError, match="hidden"):
+    jax_ep.EpConfig(num_experts=4, hidden=8.0, max_tokens_per_rank=4, num_topk=1)
+  config = jax_ep.EpConfig(**CONFIG)
+  assert hash(config) == hash(jax_ep.EpConfig(**CONFIG))
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    config.hidden = 3
+
+
+def test_experts_not_divisible_by_ranks():
+  config = jax_ep.EpConfig(num_experts=6, hidden=8, max_tokens_per_rank=4, num_topk=1)
+  with pytest.raises(jax_ep.EpConfigError, match="divisible"):
+    jax_ep.initialize(config, make_mesh(4))
+
+
+def test_axis_not_in_mesh():
+  config = jax_ep.EpConfig(**CONFIG, axis_name="experts")
+  with pytest.raises(jax_ep.EpConfigError, match="not an axis"):
+    jax_ep.initialize(config, make_mesh(2))
+
+
+def test_call_without_initialize():
+  config = jax_ep.EpConfig(**CONFIG)
+  with pytest.raises(jax_ep.EpError, match="initialize"):
+    run_per_shard(lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).x, make_mesh(2),
+                  *_args())
+
+
+def test_call_with_another_config():
+  config, mesh = setup(2, **CONFIG)
+  other = dataclasses.replace(config, hidden=32)
+  with pytest.raises(jax_ep.EpConfigError, match="initialized with"):
+    run_per_shard(lambda x, i, w: jax_ep.dispatch(x, i, w, config=other).x, mesh,
+                  *_args(h=32))
+
+
+def test_call_outside_shard_map():
+  config, _ = setup(2, **CONFIG)
+  x, idx, w = _args()
+  with pytest.raises(jax_ep.EpConfigError, match="inside jax.shard_map"):
+    jax.jit(lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).x)(x[:4], idx[:4], w[:4])
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(h=32), r"\[tokens, 16\]"),
+    (dict(t=5), "max_tokens_per_rank"),
+    (dict(k=3), r"topk_idx must be \[5?4?, 2\]|topk_idx must be"),
+    (dict(dtype=jnp.int32), "dtype int32 is not supported"),
+])
+def test_dispatch_shape_and_dtype_errors(bad, match):
+  config, mesh = setup(2, **CONFIG)
+  with pytest.raises(jax_ep.EpConfigError, match=match):
+    run_per_shard(lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).x, mesh, *_args(**bad))
+
+
+def test_topk_dtype_and_weights_errors():
+  config, mesh = setup(2, **CONFIG)
+  x, idx, w = _args()
+  with pytest.raises(jax_ep.EpConfigError, match="topk_idx dtype"):
+    run_per_shard(lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).x, mesh,
+                  x, idx.astype(np.float32), w)
+  with pytest.raises(jax_ep.EpConfigError, match="topk_weights must be"):
+    run_per_shard(lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).x, mesh,
+                  x, idx, w[:, :1])
+  with pytest.raises(jax_ep.EpConfigError, match="topk_weights must be floating"):
+    run_per_shard(lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).x, mesh,
+                  x, idx, w.astype(np.int32))
+
+
+@pytest.mark.parametrize("capacity", [0, 9, -1, 2.5])
+def test_capacity_errors(capacity):
+  config, mesh = setup(2, **CONFIG)
+  with pytest.raises(jax_ep.EpConfigError, match="capacity"):
+    run_per_shard(lambda x, i, w: jax_ep.dispatch(x, i, w, config=config, capacity=capacity).x,
+                  mesh, *_args())
+
+
+def test_fp8_input_errors():
+  config, mesh = setup(2, num_experts=8, hidden=256, max_tokens_per_rank=4, num_topk=2)
+  x, idx, w = _args(h=256)
+
+  def with_scales(scales_fn):
+    def fn(x, i, w):
+      q, s = jax_ep.fp8.quantize(x)
+      return jax_ep.dispatch((q, scales_fn(s)), i, w, config=config).x
+    return fn
+
+  with pytest.raises(jax_ep.EpConfigError, match="scales must be"):
+    run_per_shard(with_scales(lambda s: s[:, :1]), mesh, x, idx, w)
+  with pytest.raises(jax_ep.EpConfigError, match="scales must be float32"):
+    run_per_shard(with_scales(lambda s: s.astype(jnp.bfloat16)), mesh, x, idx, w)
+  with pytest.raises(jax_ep.EpConfigError, match="x_fp8 dtype"):
+    run_per_shard(lambda x, i, w: jax_ep.dispatch((x, x[:, :2]), i, w, config=config).x,
+                  mesh, x, idx, w)
+
+
+def test_fp8_needs_hidden_multiple_of_128():
+  config, mesh = setup(2, **CONFIG)
+  with pytest.raises(jax_ep.EpConfigError, match="multiple of 128"):
+    run_per_shard(lambda x, i: jax_ep.low_latency_dispatch(x, i, config=config, use_fp8=True).x,
+                  mesh, *_args()[:2])
+
+
+def test_combine_errors():
+  config, mesh = setup(2, **CONFIG)
+
+  def wrong_rows(x, i, w):
+    d = jax_ep.dispatch(x, i, w, config=config)
+    return jax_ep.combine(d.x[:3], d.handle, config=config)
+
+  with pytest.raises(jax_ep.EpConfigError, match="y must be"):
+    run_per_shard(wrong_rows, mesh, *_args())
+
+  def wrong_handle(x, i, w):
+    d = jax_ep.low_latency_dispatch(x, i, config=config)
+    return jax_ep.combine(x, d.handle, config=config)
+
+  with pytest.raises(jax_ep.EpConfigError, match="DispatchHandle"):
+    run_per_shard(wrong_handle, mesh, *_args())
+
+
+def test_low_latency_combine_errors():
+  config, mesh = setup(2, **CONFIG)
+
+  def wrong_shape(x, i, w):
+    d = jax_ep.low_latency_dispatch(x, i, config=config)
+    return jax_ep.low_latency_combine(d.x[:, :2], i, w, d.handle, config=config)
+
+  with pytest.raises(jax_ep.EpConfigError, match="E_local, R\\*T, H"):
+    run_per_shard(wrong_shape, mesh, *_args())
+
+
+def test_invalid_indices_are_counted_and_never_used():
+  """Out-of-range indices behave exactly like -1 and are counted per rank."""
+  config, mesh = setup(2, **CONFIG)
+  x, _, w = _args()
+  idx = np.array([[0, 9], [-2, 3], [7, -1], [100, -100],
+                  [1, 2], [8, 8], [-1, -1], [5, 2**31 - 1]], np.int32)
+  cleaned = np.where((idx >= -1) & (idx < 8), idx, -1)
+
+  def fn(x, i, w):
+    return (jax_ep.dispatch(x, i, w, config=config),
+            jax_ep.low_latency_dispatch(x, i, config=config))
+
+  (ht, ll), (ht_clean, ll_clean) = (run_per_shard(fn, mesh, x, idx, w),
+                                    run_per_shard(fn, mesh, x, cleaned, w))
+  np.testing.assert_array_equal(ht.num_invalid, [4, 3])
+  np.testing.assert_array_equal(ll.num_invalid, [4, 3])
+  for a, b in [(ht.x, ht_clean.x), (ht.topk_idx, ht_clean.topk_idx),
+               (ht.num_tokens, ht_clean.num_tokens), (ll.count, ll_clean.count),
+               (ll.x, ll_clean.x)]:
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+@pytest.mark.parametrize("op", ["dispatch", "low_latency_dispatch", "layout"])
+def test_debug_checks_raise_at_run_time(op):
+  config, mesh = setup(2, **CONFIG, debug_checks=True)
+  x, idx, w = _args()
+  idx[5, 1] = 42
+
+  def fn(x, i, w):
+    if op == "dispatch":
+      return jax_ep.dispatch(x, i, w, config=config).x
+    if op == "layout":
+      return jax_ep.get_dispatch_layout(i, config=config)[0]
+    return jax_ep.low_latency_dispatch(x, i, config=config).x
+
+  with pytest.raises(Exception, match=r"outside \[-1, 8\).*per rank: \[0, 1\].*rank 1: topk_idx\[1\]\[1\] = 42"):
+    run_per_shard(fn, mesh, x, idx, w)
+  idx[5, 1] = 3  # valid input runs
+  run_per_shard(fn, mesh, x, idx, w)
