@@ -1,0 +1,52 @@
+"""The launcher: rank-prefixed output, environment, failure takes the others down."""
+
+import os
+import subprocess
+import sys
+import time
+
+LAUNCH = [sys.executable, "-m", "jax_ep.launch"]
+
+
+def _script(tmp_path, body: str) -> str:
+  path = tmp_path / "child.py"
+  path.write_text("import os, sys, time\nrank = int(os.environ['JAX_EP_RANK'])\n" + body)
+  return str(path)
+
+
+def test_success_prefixes_output_and_sets_environment(tmp_path):
+  script = _script(tmp_path, "print('hello', rank, os.environ['JAX_EP_NUM_PROCESSES'], "
+                             "os.environ['NVSHMEM_DISABLE_NVLS'], os.environ['JAX_EP_DEVICE'], "
+                             "sys.argv[1:])\n")
+  result = subprocess.run(LAUNCH + ["-n", "3", script, "--flag", "x"], capture_output=True,
+                          text=True, timeout=60)
+  assert result.returncode == 0, result.stdout + result.stderr
+  for rank in range(3):
+    assert f"[rank {rank}] hello {rank} 3 1 {rank} ['--flag', 'x']" in result.stdout
+
+
+def test_module_mode(tmp_path):
+  (tmp_path / "childmod.py").write_text("import os\nprint('module', os.environ['JAX_EP_RANK'])\n")
+  env = dict(os.environ, PYTHONPATH=str(tmp_path))
+  result = subprocess.run(LAUNCH + ["-n", "2", "-m", "childmod"], capture_output=True, text=True,
+                          timeout=60, env=env)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "[rank 1] module 1" in result.stdout
+
+
+def test_one_failure_stops_the_others(tmp_path):
+  script = _script(tmp_path, "if rank == 1:\n  sys.exit(3)\ntime.sleep(120)\n")
+  start = time.monotonic()
+  result = subprocess.run(LAUNCH + ["-n", "3", "--kill_grace_s=2", script], capture_output=True,
+                          text=True, timeout=60)
+  assert result.returncode == 3
+  assert time.monotonic() - start < 30
+  assert "rank 1 exited with status 3" in result.stdout
+
+
+def test_nvls_cannot_be_turned_on(tmp_path):
+  script = _script(tmp_path, "print('nvls', os.environ['NVSHMEM_DISABLE_NVLS'])\n")
+  env = dict(os.environ, NVSHMEM_DISABLE_NVLS="0")
+  result = subprocess.run(LAUNCH + ["-n", "1", script], capture_output=True, text=True,
+                          timeout=60, env=env)
+  assert "[rank 0] nvls 1" in result.stdout
