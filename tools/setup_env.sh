@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Creates (or refreshes) the project's virtual environment at <repo>/.venv and
+# builds jax_ep into it in place.
+#
+#   tools/setup_env.sh            # idempotent; a re-run with nothing changed takes seconds
+#   JAX_EP_CUDA=OFF tools/setup_env.sh   # AUTO (default) | ON | OFF, passed to CMake
+#   JAX_EP_FORCE_REBUILD=1 tools/setup_env.sh
+#
+# Steps:
+#   1. find Python 3.12 (python3.12 on PATH, else $(pyenv root)/versions/3.12*/bin/python3.12);
+#   2. create .venv if missing;
+#   3. pip install -r requirements-dev.txt (skipped while the file is unchanged);
+#   4. pip install --no-build-isolation --no-deps -e . (skipped while the build
+#      inputs -- CMakeLists.txt, cmake/, xla_ffi/, cuda/, pyproject.toml, the
+#      jax_ep/ file list, JAX_EP_CUDA -- are unchanged and the module imports).
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${REPO_ROOT}/.venv"
+PY="${VENV}/bin/python"
+REQ_STAMP="${VENV}/.jax_ep_requirements.stamp"
+BUILD_STAMP="${VENV}/.jax_ep_build.stamp"
+
+say() { echo "[setup_env] $*"; }
+die() { echo "[setup_env] ERROR: $*" >&2; exit 1; }
+
+cd "${REPO_ROOT}"
+
+# ---------------------------------------------------------------- 1. Python 3.12
+is_python312() {
+  [[ -x "$1" ]] && "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1
+}
+
+find_python312() {
+  local candidate root
+  # python3.12 on PATH (a pyenv shim only counts if it resolves to a 3.12).
+  if candidate="$(command -v python3.12 2>/dev/null)" && is_python312 "${candidate}"; then
+    echo "${candidate}"; return 0
+  fi
+  local pyenv_root=""
+  if command -v pyenv >/dev/null 2>&1; then
+    pyenv_root="$(pyenv root 2>/dev/null || true)"
+  fi
+  for root in "${pyenv_root}" "${PYENV_ROOT:-}" "${HOME:-/root}/.pyenv"; do
+    [[ -n "${root}" && -d "${root}/versions" ]] || continue
+    while read -r candidate; do
+      if is_python312 "${candidate}"; then echo "${candidate}"; return 0; fi
+    done < <(ls -d "${root}"/versions/3.12*/bin/python3.12 2>/dev/null | sort -V -r)
+  done
+  return 1
+}
+
+if [[ ! -x "${PY}" ]]; then
+  PYTHON312="$(find_python312)" || die "Python 3.12 not found: install it (python3.12 on PATH, or pyenv install 3.12) -- jax 0.11 needs Python >= 3.12"
+  say "creating .venv with ${PYTHON312}"
+  "${PYTHON312}" -m venv "${VENV}" || die "could not create ${VENV}"
+  rm -f "${REQ_STAMP}" "${BUILD_STAMP}"
+fi
+
+PY_VERSION="$("${PY}" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')" \
+  || die "${PY} does not run; delete .venv and re-run"
+case "${PY_VERSION}" in
+  3.12.*) ;;
+  *) die ".venv has Python ${PY_VERSION}, need 3.12: delete .venv and re-run" ;;
+esac
+say "python ${PY_VERSION} in .venv"
+
+# ---------------------------------------------------------------- 2. requirements
+req_hash="$( { echo "${PY_VERSION}"; cat requirements-dev.txt; } | sha256sum | cut -d' ' -f1)"
+if [[ -f "${REQ_STAMP}" && "$(cat "${REQ_STAMP}")" == "${req_hash}" ]]; then
+  say "requirements-dev.txt already installed"
+else
+  say "installing requirements-dev.txt (first run: a few minutes)"
+  rm -f "${REQ_STAMP}"
+  log="${VENV}/.jax_ep_pip.log"
+  if ! "${PY}" -m pip install --disable-pip-version-check -r requirements-dev.txt >"${log}" 2>&1; then
+    tail -n 40 "${log}" >&2
+    die "pip install -r requirements-dev.txt failed (full log: ${log})"
+  fi
+  echo "${req_hash}" > "${REQ_STAMP}"
+  rm -f "${BUILD_STAMP}"   # new jaxlib etc.: rebuild the extension
+fi
+
+# ---------------------------------------------------------------- 3. build jax_ep
+# Fingerprint of everything the compiled build depends on. Python sources are
+# served from the source tree by the editable install, so only their names count.
+build_inputs_hash() {
+  {
+    echo "python=${PY_VERSION} JAX_EP_CUDA=${JAX_EP_CUDA:-AUTO} req=${req_hash}"
+    find CMakeLists.txt pyproject.toml cmake xla_ffi cuda -type f \
+        ! -name '*.pyc' ! -path '*/__pycache__/*' 2>/dev/null | LC_ALL=C sort | xargs -r sha256sum
+    find jax_ep -type f ! -name '*.pyc' ! -path '*/__pycache__/*' 2>/dev/null | LC_ALL=C sort
+  } | sha256sum | cut -d' ' -f1
+}
+build_hash="$(build_inputs_hash)"
+
+if [[ -z "${JAX_EP_FORCE_REBUILD:-}" && -f "${BUILD_STAMP}" && "$(cat "${BUILD_STAMP}")" == "${build_hash}" ]] \
+   && "${PY}" -c 'import jax_ep._jax_ep_cpu' >/dev/null 2>&1; then
+  say "jax_ep build is up to date"
+else
+  say "building jax_ep (pip install --no-build-isolation --no-deps -e ., JAX_EP_CUDA=${JAX_EP_CUDA:-AUTO})"
+  rm -f "${BUILD_STAMP}"
+  log="${VENV}/.jax_ep_build.log"
+  if ! "${PY}" -m pip install --no-build-isolation --no-deps --disable-pip-version-check -v -e . >"${log}" 2>&1; then
+    tail -n 60 "${log}" >&2
+    die "building jax_ep failed (full log: ${log})"
+  fi
+  "${PY}" -c 'import jax_ep._jax_ep_cpu' || die "jax_ep built but jax_ep._jax_ep_cpu does not import"
+  echo "${build_hash}" > "${BUILD_STAMP}"
+  say "jax_ep built"
+fi
+
+cuda_status="$("${PY}" -c 'from jax_ep import _extension as e; print(e.cuda_module_status())' 2>/dev/null || echo unknown)"
+say "CUDA module: ${cuda_status}"
+say "done: ${VENV}"
