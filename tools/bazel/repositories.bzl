@@ -22,8 +22,11 @@ def _venv_python(rctx):
     return py if py.exists else None
 
 def _track_requirements(rctx):
-    # Reading a label makes the repository depend on that file's contents.
+    # Reading a label makes the repository depend on that file's contents:
+    # a new requirements-dev.txt or a recreated .venv fetches it again.
     rctx.read(Label("@//:requirements-dev.txt"))
+    if _workspace_root(rctx).get_child(".venv").get_child("pyvenv.cfg").exists:
+        rctx.read(Label("@//:.venv/pyvenv.cfg"))
 
 def _run_python(rctx, py, code):
     result = rctx.execute([py, "-c", code], quiet = True)
@@ -155,7 +158,9 @@ def _local_cuda_impl(rctx):
     nvshmem_dir = ""
     py = _venv_python(rctx)
     if py == None:
-        reasons.append(".venv/bin/python not found (%s)" % _SETUP_HINT)
+        # Fail rather than record "unavailable": a failed fetch is retried on
+        # the next build, a successful one would be kept after setup_env.sh.
+        fail("local_cuda: %s/.venv/bin/python not found; %s" % (_workspace_root(rctx), _SETUP_HINT))
     else:
         found, err = _run_python(
             rctx,
