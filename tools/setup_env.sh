@@ -88,7 +88,8 @@ build_inputs_hash() {
   {
     echo "python=${PY_VERSION} JAX_EP_CUDA=${JAX_EP_CUDA:-AUTO} req=${req_hash}"
     find CMakeLists.txt pyproject.toml cmake xla_ffi cuda -type f \
-        ! -name '*.pyc' ! -path '*/__pycache__/*' 2>/dev/null | LC_ALL=C sort | xargs -r sha256sum
+        ! -name '*.pyc' ! -path '*/__pycache__/*' ! -name 'BUILD.bazel' -print0 2>/dev/null \
+      | LC_ALL=C sort -z | xargs -0 -r sha256sum
     find jax_ep -type f ! -name '*.pyc' ! -path '*/__pycache__/*' 2>/dev/null | LC_ALL=C sort
   } | sha256sum | cut -d' ' -f1
 }
