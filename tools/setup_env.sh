@@ -66,8 +66,25 @@ esac
 say "python ${PY_VERSION} in .venv"
 
 # ---------------------------------------------------------------- 2. requirements
+# Every `name==version` pin of requirements-dev.txt installed at that version?
+requirements_satisfied() {
+  "${PY}" - requirements-dev.txt <<'PYEOF' >/dev/null 2>&1
+import re, sys
+from importlib import metadata
+for line in open(sys.argv[1]):
+  line = line.split("#", 1)[0].strip()
+  m = re.fullmatch(r"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?\s*==\s*([^\s;]+)", line)
+  if not line:
+    continue
+  if not m:
+    sys.exit(1)  # not a plain pin: let pip decide
+  if metadata.version(m.group(1)) != m.group(2):
+    sys.exit(1)
+PYEOF
+}
+
 req_hash="$( { echo "${PY_VERSION}"; cat requirements-dev.txt; } | sha256sum | cut -d' ' -f1)"
-if [[ -f "${REQ_STAMP}" && "$(cat "${REQ_STAMP}")" == "${req_hash}" ]]; then
+if [[ -f "${REQ_STAMP}" && "$(cat "${REQ_STAMP}")" == "${req_hash}" ]] && requirements_satisfied; then
   say "requirements-dev.txt already installed"
 else
   say "installing requirements-dev.txt (first run: a few minutes)"
