@@ -87,7 +87,7 @@ req_hash="$( { echo "${PY_VERSION}"; cat requirements-dev.txt; } | sha256sum | c
 if [[ -f "${REQ_STAMP}" && "$(cat "${REQ_STAMP}")" == "${req_hash}" ]] && requirements_satisfied; then
   say "requirements-dev.txt already installed"
 else
-  say "installing requirements-dev.txt (first run: a few minutes)"
+  say "installing requirements-dev.txt (pip; the first time takes a few minutes)"
   rm -f "${REQ_STAMP}"
   log="${VENV}/.jax_ep_pip.log"
   if ! "${PY}" -m pip install --disable-pip-version-check -r requirements-dev.txt >"${log}" 2>&1; then
