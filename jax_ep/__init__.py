@@ -20,7 +20,8 @@ from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError, EpError
 from jax_ep.ops import (combine, dispatch, get_dispatch_layout, low_latency_combine,
                         low_latency_dispatch)
-from jax_ep.runtime import finalize, initialize
+from jax_ep.buffers import buffer_bytes
+from jax_ep.runtime import finalize, initialize, status
 from jax_ep.runtime import state as runtime_state
 from jax_ep.types import (DispatchHandle, DispatchResult, LowLatencyDispatchResult,
                           LowLatencyHandle)
@@ -28,7 +29,7 @@ from jax_ep.types import (DispatchHandle, DispatchResult, LowLatencyDispatchResu
 __version__ = "0.1.0"
 
 __all__ = [
-    "EpConfig", "EpConfigError", "EpError", "DispatchHandle", "DispatchResult",
+    "EpConfig", "EpConfigError", "buffer_bytes", "status", "EpError", "DispatchHandle", "DispatchResult",
     "LowLatencyDispatchResult", "LowLatencyHandle", "combine", "dispatch", "finalize",
     "fp8", "get_dispatch_layout", "initialize", "low_latency_combine", "low_latency_dispatch",
     "reference", "runtime_state",

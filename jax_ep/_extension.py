@@ -57,6 +57,8 @@ def _cuda_module_or_error() -> tuple[types.ModuleType | None, str]:
     _check_built_for_this_jaxlib(module)
   except EpError as e:
     return None, str(e)
+  for name, capsule in module.handlers().items():
+    jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
   return module, "built"
 
 

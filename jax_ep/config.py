@@ -29,6 +29,9 @@ class EpConfig:
     timeout_s: bound on every device-side wait of the GPU kernels.
     mask_on_timeout: GPU low-latency ops mask a peer that timed out instead of
       raising.
+    enable_low_latency: allocate the GPU low-latency buffers (about
+      2 * (E_local*R*T*(2H+16) + E*T*2H) bytes; see jax_ep.buffer_bytes).
+    enable_high_throughput: allocate the GPU high-throughput buffers.
   """
 
   num_experts: int
@@ -40,6 +43,8 @@ class EpConfig:
   num_sms: int | None = None
   timeout_s: float = 30.0
   mask_on_timeout: bool = False
+  enable_low_latency: bool = True
+  enable_high_throughput: bool = True
 
   def __post_init__(self) -> None:
     for name in ("num_experts", "hidden", "max_tokens_per_rank", "num_topk"):

@@ -6,6 +6,7 @@ process of the mesh); the ops look the state up at trace time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any, Optional
@@ -92,6 +93,10 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh, *, backend: str | None
     _state = RuntimeState(config=config, num_ranks=num_ranks, backend=XlaBackend(), mesh=mesh)
     return
   from jax_ep import cuda_runtime  # pylint: disable=import-outside-toplevel
+  if previous is not None and previous.cuda is not None:
+    # Compiled executables (and command buffers captured from them) hold the
+    # old buffers' addresses: drop them before the buffers move.
+    jax.clear_caches()
   runtime = cuda_runtime.initialize(config, mesh, previous.cuda if previous else None)
   _state = RuntimeState(config=config, num_ranks=num_ranks, backend=runtime.backend,
                         mesh=mesh, cuda=runtime)
@@ -125,3 +130,50 @@ def require(config: EpConfig, op: str) -> RuntimeState:
         f"jax_ep.{op}: jax_ep was initialized with {current.config} but this call uses "
         f"{config}; call jax_ep.initialize(config, mesh) with the config you use")
   return current
+
+
+# Names of the ops a fault word can point at (cuda/ep_types.h OpCode).
+_OP_NAMES = {1: "low_latency_dispatch", 2: "low_latency_combine",
+             3: "dispatch (count exchange)", 4: "dispatch", 5: "combine"}
+
+
+def status() -> dict:
+  """The process's jax_ep fault status, read without synchronising the GPU.
+
+  Returns a dict: ``ok`` (bool), ``backend``, and when a fault was recorded
+  ``op`` (the op that timed out), ``peer`` (the EP rank it waited for),
+  ``detail`` and ``fault_count``.
+  """
+  current = _state
+  if current is None or current.cuda is None:
+    return {"ok": True, "backend": current.backend_name if current else None}
+  raw = current.cuda.module.status()
+  result = {"ok": raw["code"] == 0, "backend": "cuda"}
+  if raw["code"]:
+    result.update(op=_OP_NAMES.get(raw["op"], f"op {raw['op']}"), peer=raw["peer"],
+                  detail=raw["detail"], fault_count=raw["fault_count"])
+  return result
+
+
+@contextlib.contextmanager
+def lowering_only(config: EpConfig, mesh: jax.sharding.Mesh, backend: str = "cuda"):
+  """Traces jax_ep ops for ``backend`` without starting it (no GPU needed).
+
+  For inspecting what an op lowers to, e.g.
+  ``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))``; the result
+  cannot run. Restores the previous state on exit.
+  """
+  global _state
+  from jax_ep.backends.cuda import CudaBackend  # pylint: disable=import-outside-toplevel
+  backends = {"cuda": CudaBackend, "xla": XlaBackend}
+  if backend not in backends:
+    raise EpConfigError(f"backend must be one of {sorted(backends)}, got {backend!r}")
+  num_ranks = mesh.shape[config.axis_name]
+  config.experts_per_rank(num_ranks)
+  previous = _state
+  _state = RuntimeState(config=config, num_ranks=num_ranks, backend=backends[backend](),
+                        mesh=mesh)
+  try:
+    yield
+  finally:
+    _state = previous

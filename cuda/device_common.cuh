@@ -1,0 +1,127 @@
+// Device-side building blocks shared by jax_ep's kernels: memory-ordering
+// primitives, sequence-tagged completion flags, bounded waits, the fault
+// status word and the "last block finishes the call" counter.
+//
+// Completion flags are 64-bit words that carry (call sequence << 32 | value).
+// A receiver waits until the high half equals the sequence number of the call
+// it is in. Because every rank issues the same calls in the same order, the
+// sequence numbers agree across ranks without any exchange; a stale flag from
+// an earlier call never matches, so flags are never reset. Sequence numbers
+// start at 1 (zero-initialised memory never matches).
+#ifndef JAX_EP_CUDA_DEVICE_COMMON_CUH_
+#define JAX_EP_CUDA_DEVICE_COMMON_CUH_
+
+#include <cstdint>
+
+#include "cuda/ep_types.h"
+
+namespace jax_ep::cuda {
+
+constexpr int kWarpSize = 32;
+
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* ptr) {
+  uint64_t value;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(ptr) : "memory");
+  return value;
+}
+
+__device__ __forceinline__ void st_release_sys(uint64_t* ptr, uint64_t value) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ptr), "l"(value) : "memory");
+}
+
+__device__ __forceinline__ uint32_t ld_volatile_u32(const uint32_t* ptr) {
+  uint32_t value;
+  asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(value) : "l"(ptr));
+  return value;
+}
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
+
+// 16-byte global load that bypasses L1 (data written by peers or other blocks).
+__device__ __forceinline__ int4 ld_nc_v4(const int4* ptr) {
+  int4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
+// 16-byte store that does not allocate in L1 (streaming to local or peer memory).
+__device__ __forceinline__ void st_na_v4(int4* ptr, const int4& v) {
+  asm volatile("st.global.L1::no_allocate.v4.s32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x),
+               "r"(v.y), "r"(v.z), "r"(v.w));
+}
+
+__device__ __forceinline__ uint64_t make_flag(uint32_t seq, uint32_t value) {
+  return (static_cast<uint64_t>(seq) << 32) | value;
+}
+__device__ __forceinline__ uint32_t flag_seq(uint64_t flag) { return static_cast<uint32_t>(flag >> 32); }
+__device__ __forceinline__ uint32_t flag_value(uint64_t flag) { return static_cast<uint32_t>(flag); }
+
+// Records the first fault of this process: later kernels see it and skip all
+// waits, and the host reads it (host-mapped) without a stream sync.
+__device__ __forceinline__ void record_fault(DeviceStatus* status, uint32_t code, uint32_t op,
+                                             int32_t peer, int32_t detail) {
+  if (atomicCAS(&status->code, 0u, code) == 0u) {
+    status->op = op;
+    status->peer = peer;
+    status->detail = detail;
+    __threadfence_system();
+    atomicAdd(&status->fault_count, 1u);
+  }
+}
+
+__device__ __forceinline__ bool fault_recorded(const DeviceStatus* status) {
+  return ld_volatile_u32(&status->code) != 0u;
+}
+
+// Waits (one thread) until the flag carries `seq`; returns its value, or
+// records a timeout naming `op` and `peer` and returns kFlagTimedOut. Also
+// gives up at once when an earlier fault was recorded.
+constexpr uint32_t kFlagTimedOut = 0xffffffffu;
+
+__device__ __forceinline__ uint32_t wait_flag(const uint64_t* flag, uint32_t seq,
+                                              uint64_t timeout_ns, DeviceStatus* status,
+                                              uint32_t op, int32_t peer, int32_t detail) {
+  uint64_t value = ld_acquire_sys(flag);
+  if (flag_seq(value) == seq) return flag_value(value);
+  const uint64_t start = global_timer_ns();
+  uint32_t polls = 0;
+  while (true) {
+    value = ld_acquire_sys(flag);
+    if (flag_seq(value) == seq) return flag_value(value);
+    if ((++polls & 1023u) == 0u) {
+      if (fault_recorded(status)) return kFlagTimedOut;
+      if (global_timer_ns() - start > timeout_ns) {
+        record_fault(status, kStatusTimeout, op, peer, detail);
+        return kFlagTimedOut;
+      }
+    }
+  }
+}
+
+// The last block of a launch (by arrival) runs the call's epilogue. Every
+// block must call this exactly once, after its stores (made visible system-wide
+// by each thread's __threadfence_system() inside). Returns true in all threads
+// of the last block, whose threads may then read everything the others wrote.
+__device__ __forceinline__ bool arrive_is_last_block(uint32_t* done_counter) {
+  __shared__ bool is_last;
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t arrived = atomicAdd(done_counter, 1u);
+    is_last = arrived == gridDim.x - 1;
+    if (is_last) *done_counter = 0u;  // ready for the next launch
+  }
+  __syncthreads();
+  if (is_last) __threadfence_system();
+  return is_last;
+}
+
+}  // namespace jax_ep::cuda
+
+#endif  // JAX_EP_CUDA_DEVICE_COMMON_CUH_

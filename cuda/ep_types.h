@@ -1,0 +1,106 @@
+// Plain structs shared by the host runtime, the FFI glue (host compiler) and
+// the kernels (nvcc). No CUDA, NVSHMEM or XLA headers here.
+#ifndef JAX_EP_CUDA_EP_TYPES_H_
+#define JAX_EP_CUDA_EP_TYPES_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace jax_ep::cuda {
+
+// Fault codes of DeviceStatus::code.
+constexpr uint32_t kStatusOk = 0;
+constexpr uint32_t kStatusTimeout = 1;
+
+// Ops named in DeviceStatus::op.
+enum OpCode : uint32_t {
+  kOpNone = 0,
+  kOpLlDispatch = 1,
+  kOpLlCombine = 2,
+  kOpHtNotify = 3,
+  kOpHtDispatch = 4,
+  kOpHtCombine = 5,
+};
+
+// The process's fault word, in host-mapped pinned memory: kernels write it on
+// a timeout, the host reads it without synchronising the stream.
+struct DeviceStatus {
+  uint32_t code;         // kStatus*; the first fault wins
+  uint32_t op;           // OpCode of the faulting op
+  int32_t peer;          // EP rank the op was waiting for
+  int32_t detail;        // op-specific (e.g. local expert)
+  uint32_t fault_count;  // faults recorded (only the first is described)
+  uint32_t reserved[3];
+};
+
+// Call sequence numbers and the per-launch arrival counters, in device memory.
+// Sequence numbers advance once per call, identically on every rank.
+struct DeviceCounters {
+  uint32_t ll_dispatch_send_seq;
+  uint32_t ll_dispatch_recv_seq;
+  uint32_t ll_combine_send_seq;
+  uint32_t ll_combine_recv_seq;
+  uint32_t ht_dispatch_seq;
+  uint32_t ht_combine_seq;
+  uint32_t ll_dispatch_send_done;
+  uint32_t ll_dispatch_recv_done;
+  uint32_t ll_combine_send_done;
+  uint32_t ll_combine_recv_done;
+  uint32_t ht_dispatch_done;
+  uint32_t ht_combine_done;
+  uint32_t reserved[4];
+};
+
+// Sizes of one configuration on this EP group.
+struct EpDims {
+  int32_t num_ranks;        // R
+  int32_t rank;             // this process's EP rank (= NVSHMEM PE)
+  int32_t num_experts;      // E
+  int32_t experts_per_rank; // E_local
+  int32_t hidden;           // H
+  int32_t max_tokens;       // T (per rank)
+  int32_t num_topk;         // K
+};
+
+// Bytes of one LL dispatch message: a 16-byte header (source token index),
+// then the payload: H bf16, or H fp8 followed by H/128 float32 scales.
+inline size_t LlMessageBytes(int hidden) {
+  size_t bf16 = 2 * static_cast<size_t>(hidden);
+  size_t fp8 = static_cast<size_t>(hidden) + 4 * static_cast<size_t>(hidden / 128);
+  size_t payload = bf16 > fp8 ? bf16 : fp8;
+  return (16 + payload + 15) / 16 * 16;
+}
+
+// Symmetric LL buffers (local addresses; peers' copies via nvshmem_ptr / RDMA),
+// each double-buffered by call parity.
+//   dispatch_recv[p]   [E_local][R][T] messages, filled by the source ranks
+//   dispatch_flags[p]  [E_local][R] flags: (seq, rows from that source)
+//   combine_recv[p]    [E][T] bf16 rows: expert e's output for local token t
+//   combine_flags[p]   [E] flags: (seq, 0) once expert e's owner sent its rows
+//   dispatch_stage     [T] messages, RDMA source staging (null when all peers are P2P)
+//   combine_stage      [E_local][R*T] bf16 rows, RDMA source staging (or null)
+struct LlBuffers {
+  char* dispatch_recv[2];
+  uint64_t* dispatch_flags[2];
+  char* combine_recv[2];
+  uint64_t* combine_flags[2];
+  char* dispatch_stage;
+  char* combine_stage;
+  size_t message_bytes;
+};
+
+// Everything a kernel needs from the runtime besides its XLA buffers.
+struct LlContext {
+  EpDims dims;
+  LlBuffers buffers;
+  DeviceCounters* counters;     // device memory
+  DeviceStatus* status;         // host-mapped
+  int32_t* slot_counters;       // [E] device memory, zero between calls
+  const int* qp_handles;        // [E_local] device memory (RDMA QP per local expert) or null
+  uint64_t timeout_ns;
+  int num_sms;
+};
+
+}  // namespace jax_ep::cuda
+
+#endif  // JAX_EP_CUDA_EP_TYPES_H_

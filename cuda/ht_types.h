@@ -1,0 +1,48 @@
+// Buffers and context of the high-throughput (HT) kernels. Plain C++.
+#ifndef JAX_EP_CUDA_HT_TYPES_H_
+#define JAX_EP_CUDA_HT_TYPES_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/ep_types.h"
+
+namespace jax_ep::cuda {
+
+// Symmetric HT buffers (local addresses; peers reached through nvshmem_ptr).
+//   counts            [R][R] int32: row s is written by source s (its tokens per rank)
+//   notify_flags      [R] (seq, 0) from source s once its counts row landed
+//   recv_x            [R*T] rows of row_bytes: received rows, already in output order
+//   recv_scales       [R*T][H/128] float32 (FP8 dispatch)
+//   recv_src          [R*T] int32 source token index of each received row
+//   recv_idx/recv_w   [R*T][K] int32/float32: top-k of each received row, rewritten
+//                     to this rank's local experts (-1 / 0 elsewhere)
+//   dispatch_flags    [R] (seq, rows) from source s once all its rows landed
+//   combine_recv[p]   [R][T] bf16 rows: rank r's copy of local token t
+//   combine_flags[p]  [R] (seq, 0) from rank r once its rows landed
+struct HtBuffers {
+  int32_t* counts;
+  uint64_t* notify_flags;
+  char* recv_x;
+  float* recv_scales;
+  int32_t* recv_src;
+  int32_t* recv_idx;
+  float* recv_w;
+  uint64_t* dispatch_flags;
+  char* combine_recv[2];
+  uint64_t* combine_flags[2];
+  size_t row_bytes;
+};
+
+struct HtContext {
+  EpDims dims;
+  HtBuffers buffers;
+  DeviceCounters* counters;  // device memory
+  DeviceStatus* status;      // host-mapped
+  uint64_t timeout_ns;
+  int num_sms;               // SM budget of the HT kernels (EpConfig.num_sms)
+};
+
+}  // namespace jax_ep::cuda
+
+#endif  // JAX_EP_CUDA_HT_TYPES_H_

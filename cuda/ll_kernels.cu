@@ -1,0 +1,464 @@
+// Low-latency (LL) dispatch and combine.
+//
+// PROTOCOL (R ranks, E experts, E_local = E/R per rank, T = max tokens per rank,
+// p = parity of the call's sequence number seq; buffers in ep_types.h LlBuffers)
+//
+// dispatch send (on every source rank s, kernel ll_dispatch_send):
+//   1. For each token t and each distinct valid expert e of t (owner r = e/E_local,
+//      local expert le = e%E_local): slot = atomicAdd(slot_counters[e]) (device
+//      memory, this rank only). The message [header: t][payload] is written to
+//      r's dispatch_recv[p][le][s][slot] (NVLink: direct 16-byte stores; RDMA:
+//      staged in dispatch_stage[t], then put on QP le).
+//   2. Every thread fences (system scope); the last block to arrive reads and
+//      zeroes slot_counters[e] = n_e and sets r's dispatch_flags[p][le][s] =
+//      (seq, n_e) for every e (NVLink: st.release.sys; RDMA: signal on QP le
+//      after the data). It also counts invalid top-k entries and advances the
+//      send sequence number.
+// dispatch recv (on every owner rank r, kernel ll_dispatch_recv):
+//   3. For each local expert le: wait (bounded) for dispatch_flags[p][le][s] to
+//      carry seq, for every source s; n_s rows arrived in arbitrary slot order.
+//   4. Rows of source s are placed at offset sum_{s'<s} n_s' plus the rank of
+//      their token index among that source's tokens (a bitmap of token ids in
+//      shared memory), so the output order is (source rank, source token):
+//      deterministic whatever order the atomics gave.
+// combine send (on r, kernel ll_combine_send):
+//   5. Row i < count[le] of expert le came from source s, token t (recv_src):
+//      y[le][i] goes to s's combine_recv[p][r*E_local+le][t]; after all of
+//      expert le's rows, (seq, 0) is set in combine_flags[p][r*E_local+le] on
+//      every rank (NVLink: fence + st.release.sys; RDMA: signal on QP le).
+// combine recv (on s, kernel ll_combine_recv):
+//   6. Wait for combine_flags[p][e] = seq for every e; out[t] = sum over valid k
+//      of w[t,k] * combine_recv[p][e_k][t], accumulated in fp32.
+//
+// Why no resets: flags carry the call's sequence number (device_common.cuh), and
+// buffers alternate by parity. A peer can write parity p again only two calls
+// later, and it can get there only after it received this rank's data of the
+// call in between, which this rank sends after finishing with parity p.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/device_common.cuh"
+#include "cuda/ll_launch.h"
+#include "cuda/transport.cuh"
+
+namespace jax_ep::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kMaxTopk = 32;
+constexpr int kMaxRanks = 1024;
+constexpr float kFp8Max = 448.0f;
+constexpr float kMinAmax = 1e-4f;
+
+__device__ __forceinline__ bool valid_expert(int e, int num_experts) {
+  return e >= 0 && e < num_experts;
+}
+
+// Copies `num_vec` int4 from shared memory to `dst` with the whole block.
+__device__ __forceinline__ void block_copy_to(int4* dst, const int4* src, int num_vec) {
+  for (int i = threadIdx.x; i < num_vec; i += blockDim.x) st_na_v4(dst + i, src[i]);
+}
+
+// Builds the message of token t in shared memory: header, then bf16 row or
+// fp8 row + float32 scales (formula of jax_ep/fp8.py).
+template <bool kFp8>
+__device__ __forceinline__ void build_message(char* msg, const __nv_bfloat16* x, int t, int hidden) {
+  if (threadIdx.x == 0) *reinterpret_cast<int4*>(msg) = make_int4(t, 0, 0, 0);
+  const int4* row = reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * hidden);
+  const int num_vec = hidden / 8;  // 8 bf16 per int4
+  if constexpr (!kFp8) {
+    int4* payload = reinterpret_cast<int4*>(msg + 16);
+    for (int i = threadIdx.x; i < num_vec; i += blockDim.x) payload[i] = __ldg(row + i);
+  } else {
+    // 16 lanes per 128-channel group; each lane converts 8 channels. Whole
+    // warps iterate together (the shuffles need every lane); lanes past the
+    // last group compute on zeros and store nothing.
+    uint8_t* q = reinterpret_cast<uint8_t*>(msg + 16);
+    float* scales = reinterpret_cast<float*>(msg + 16 + hidden);
+    const int num_tasks = (hidden / 128) * 16;
+    const int rounded = (num_tasks + kWarpSize - 1) / kWarpSize * kWarpSize;
+    for (int base = threadIdx.x; base < rounded; base += blockDim.x) {
+      const bool active = base < num_tasks;
+      const int group = base / 16, lane = base % 16;
+      int4 raw = active ? __ldg(row + group * 16 + lane) : make_int4(0, 0, 0, 0);
+      const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
+      float f[8];
+      float amax = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        f[j] = __bfloat162float(v[j]);
+        amax = fmaxf(amax, fabsf(f[j]));
+      }
+#pragma unroll
+      for (int offset = 8; offset > 0; offset >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset, 16));
+      }
+      amax = fmaxf(amax, kMinAmax);
+      const float scale_inv = kFp8Max / amax;
+      uint32_t packed[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        __nv_fp8x4_e4m3 four(make_float4(f[4 * j] * scale_inv, f[4 * j + 1] * scale_inv,
+                                         f[4 * j + 2] * scale_inv, f[4 * j + 3] * scale_inv));
+        packed[j] = *reinterpret_cast<uint32_t*>(&four);
+      }
+      if (!active) continue;
+      *reinterpret_cast<uint2*>(q + group * 128 + lane * 8) = make_uint2(packed[0], packed[1]);
+      if (lane == 0) scales[group] = amax / kFp8Max;
+    }
+  }
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1)
+    ll_dispatch_send(LlContext ctx, const __nv_bfloat16* __restrict__ x,
+                     const int32_t* __restrict__ topk_idx, int num_tokens,
+                     int32_t* __restrict__ num_invalid_out) {
+  extern __shared__ int4 smem_msg[];
+  __shared__ int s_expert[kMaxTopk];
+  __shared__ int s_slot[kMaxTopk];
+  __shared__ int s_invalid;
+  const EpDims d = ctx.dims;
+  const uint32_t seq = ld_volatile_u32(&ctx.counters->ll_dispatch_send_seq) + 1;
+  char* recv_base = ctx.buffers.dispatch_recv[seq & 1];
+  uint64_t* flags = ctx.buffers.dispatch_flags[seq & 1];
+  const size_t msg_bytes = ctx.buffers.message_bytes;
+  char* msg = reinterpret_cast<char*>(smem_msg);
+  bool used_rdma = false;
+
+  for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    if (threadIdx.x < d.num_topk) {
+      const int k = threadIdx.x;
+      const int e = topk_idx[t * d.num_topk + k];
+      bool first = valid_expert(e, d.num_experts);
+      for (int j = 0; j < k && first; ++j) first = topk_idx[t * d.num_topk + j] != e;
+      s_expert[k] = first ? e : -1;
+      s_slot[k] = first ? atomicAdd(ctx.slot_counters + e, 1) : -1;
+    }
+    build_message<kFp8>(msg, x, t, d.hidden);
+    __syncthreads();
+    bool staged = false;  // block-uniform: the routing lives in shared memory
+    for (int k = 0; k < d.num_topk; ++k) {
+      const int e = s_expert[k];
+      if (e < 0) continue;
+      const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
+      char* dst_local = recv_base +
+          ((static_cast<size_t>(le) * d.num_ranks + d.rank) * d.max_tokens + s_slot[k]) * msg_bytes;
+      void* dst = transport::peer_ptr(dst_local, r);
+      if (dst != nullptr) {
+        block_copy_to(static_cast<int4*>(dst), smem_msg, static_cast<int>(msg_bytes / 16));
+      } else {
+        // RDMA: the source of a put must be symmetric memory; stage once per token.
+        char* stage = ctx.buffers.dispatch_stage + static_cast<size_t>(t) * msg_bytes;
+        if (!staged) {
+          block_copy_to(reinterpret_cast<int4*>(stage), smem_msg, static_cast<int>(msg_bytes / 16));
+          __syncthreads();
+          staged = true;
+        }
+        if (threadIdx.x / kWarpSize == 0) {
+          transport::put_warp(dst_local, stage, msg_bytes, r, ctx.qp_handles, le);
+        }
+        used_rdma = true;
+      }
+    }
+    __syncthreads();  // the message buffer is reused by the next token
+  }
+  transport::complete_block_puts(__syncthreads_or(used_rdma), ctx.qp_handles);
+
+  if (arrive_is_last_block(&ctx.counters->ll_dispatch_send_done)) {
+    for (int e = threadIdx.x; e < d.num_experts; e += blockDim.x) {
+      const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
+      const uint32_t count = static_cast<uint32_t>(atomicExch(ctx.slot_counters + e, 0));
+      uint64_t* flag_local = flags + static_cast<size_t>(le) * d.num_ranks + d.rank;
+      const uint64_t value = make_flag(seq, count);
+      auto* flag = static_cast<uint64_t*>(transport::peer_ptr(flag_local, r));
+      if (flag != nullptr) {
+        st_release_sys(flag, value);
+      } else {
+        transport::signal_set(flag_local, value, r, ctx.qp_handles, le);
+      }
+    }
+    if (threadIdx.x == 0) s_invalid = 0;
+    __syncthreads();
+    int invalid = 0;
+    for (int i = threadIdx.x; i < num_tokens * d.num_topk; i += blockDim.x) {
+      const int e = topk_idx[i];
+      invalid += (e < -1 || e >= d.num_experts) ? 1 : 0;
+    }
+    if (invalid) atomicAdd(&s_invalid, invalid);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      *num_invalid_out = s_invalid;
+      ctx.counters->ll_dispatch_send_seq = seq;
+    }
+  }
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1)
+    ll_dispatch_recv(LlContext ctx, int num_tokens, void* __restrict__ out_x,
+                     float* __restrict__ out_scales, int32_t* __restrict__ out_count,
+                     int32_t* __restrict__ out_recv_src) {
+  extern __shared__ uint32_t smem_words[];  // bitmap [words] then prefix [words]
+  __shared__ int s_count[kMaxRanks];
+  __shared__ int s_offset[kMaxRanks + 1];
+  const EpDims d = ctx.dims;
+  const uint32_t seq = ld_volatile_u32(&ctx.counters->ll_dispatch_recv_seq) + 1;
+  const char* recv_base = ctx.buffers.dispatch_recv[seq & 1];
+  const uint64_t* flags = ctx.buffers.dispatch_flags[seq & 1];
+  const size_t msg_bytes = ctx.buffers.message_bytes;
+  const int rows_per_expert = d.num_ranks * d.max_tokens;
+  const int words = (num_tokens + 31) / 32;
+  uint32_t* bitmap = smem_words;
+  uint32_t* prefix = smem_words + words;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+
+  for (int le = blockIdx.x; le < d.experts_per_rank; le += gridDim.x) {
+    for (int s = threadIdx.x; s < d.num_ranks; s += blockDim.x) {
+      const uint32_t n = wait_flag(flags + static_cast<size_t>(le) * d.num_ranks + s, seq,
+                                   ctx.timeout_ns, ctx.status, kOpLlDispatch, s, le);
+      s_count[s] = (n == kFlagTimedOut) ? 0 : static_cast<int>(min(n, static_cast<uint32_t>(num_tokens)));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int total = 0;
+      for (int s = 0; s < d.num_ranks; ++s) {
+        s_offset[s] = total;
+        total += s_count[s];
+      }
+      s_offset[d.num_ranks] = total;
+      out_count[le] = total;
+    }
+    __syncthreads();
+    const int total = s_offset[d.num_ranks];
+    int32_t* recv_src = out_recv_src + static_cast<size_t>(le) * rows_per_expert;
+    for (int row = total + threadIdx.x; row < rows_per_expert; row += blockDim.x) recv_src[row] = -1;
+
+    for (int s = 0; s < d.num_ranks; ++s) {
+      const int n = s_count[s];
+      if (n == 0) continue;
+      const char* block = recv_base + (static_cast<size_t>(le) * d.num_ranks + s) * d.max_tokens * msg_bytes;
+      for (int i = threadIdx.x; i < words; i += blockDim.x) bitmap[i] = 0u;
+      __syncthreads();
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int t = ld_nc_v4(reinterpret_cast<const int4*>(block + i * msg_bytes)).x;
+        if (t >= 0 && t < num_tokens) atomicOr(bitmap + t / 32, 1u << (t % 32));
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        uint32_t running = 0;
+        for (int i = 0; i < words; ++i) {
+          prefix[i] = running;
+          running += __popc(bitmap[i]);
+        }
+      }
+      __syncthreads();
+      // One warp per row.
+      for (int i = warp; i < n; i += kWarps) {
+        const char* message = block + i * msg_bytes;
+        const int t = ld_nc_v4(reinterpret_cast<const int4*>(message)).x;
+        if (t < 0 || t >= num_tokens) continue;
+        const int pos = prefix[t / 32] + __popc(bitmap[t / 32] & ((1u << (t % 32)) - 1u));
+        const size_t out_row = static_cast<size_t>(le) * rows_per_expert + s_offset[s] + pos;
+        if (lane == 0) recv_src[s_offset[s] + pos] = s * num_tokens + t;
+        const int4* payload = reinterpret_cast<const int4*>(message + 16);
+        if constexpr (!kFp8) {
+          int4* dst = reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(out_x) + out_row * d.hidden);
+          for (int v = lane; v < d.hidden / 8; v += kWarpSize) dst[v] = ld_nc_v4(payload + v);
+        } else {
+          int4* dst = reinterpret_cast<int4*>(static_cast<uint8_t*>(out_x) + out_row * d.hidden);
+          for (int v = lane; v < d.hidden / 16; v += kWarpSize) dst[v] = ld_nc_v4(payload + v);
+          const float* scales = reinterpret_cast<const float*>(message + 16 + d.hidden);
+          float* scales_out = out_scales + out_row * (d.hidden / 128);
+          for (int g = lane; g < d.hidden / 128; g += kWarpSize) scales_out[g] = __ldg(scales + g);
+        }
+      }
+      __syncthreads();
+    }
+    __syncthreads();  // s_count / s_offset are rewritten for the next expert
+  }
+  if (arrive_is_last_block(&ctx.counters->ll_dispatch_recv_done) && threadIdx.x == 0) {
+    ctx.counters->ll_dispatch_recv_seq = seq;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    ll_combine_send(LlContext ctx, const __nv_bfloat16* __restrict__ y,
+                    const int32_t* __restrict__ recv_src, const int32_t* __restrict__ count,
+                    int num_tokens) {
+  const EpDims d = ctx.dims;
+  const uint32_t seq = ld_volatile_u32(&ctx.counters->ll_combine_send_seq) + 1;
+  char* recv_base = ctx.buffers.combine_recv[seq & 1];
+  uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
+  const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
+  const int rows_per_expert = d.num_ranks * d.max_tokens;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  bool used_rdma = false;
+
+  for (int le = blockIdx.x; le < d.experts_per_rank; le += gridDim.x) {
+    const int e = d.rank * d.experts_per_rank + le;
+    const int n = min(count[le], rows_per_expert);
+    for (int i = warp; i < n; i += kWarps) {
+      const int src = recv_src[static_cast<size_t>(le) * rows_per_expert + i];
+      if (src < 0 || num_tokens <= 0) continue;
+      const int s = src / num_tokens, t = src % num_tokens;
+      if (s >= d.num_ranks) continue;
+      const int4* row = reinterpret_cast<const int4*>(
+          y + (static_cast<size_t>(le) * rows_per_expert + i) * d.hidden);
+      char* dst_local = recv_base + (static_cast<size_t>(e) * d.max_tokens + t) * row_bytes;
+      auto* dst = static_cast<int4*>(transport::peer_ptr(dst_local, s));
+      if (dst != nullptr) {
+        for (int v = lane; v < d.hidden / 8; v += kWarpSize) st_na_v4(dst + v, __ldg(row + v));
+      } else {
+        auto* stage = reinterpret_cast<int4*>(
+            ctx.buffers.combine_stage + (static_cast<size_t>(le) * rows_per_expert + i) * row_bytes);
+        for (int v = lane; v < d.hidden / 8; v += kWarpSize) stage[v] = __ldg(row + v);
+        __syncwarp();
+        transport::put_warp(dst_local, stage, row_bytes, s, ctx.qp_handles, le);
+        used_rdma = true;
+      }
+    }
+    transport::complete_block_puts(__syncthreads_or(used_rdma), ctx.qp_handles);
+    __threadfence_system();
+    __syncthreads();
+    for (int r = threadIdx.x; r < d.num_ranks; r += blockDim.x) {
+      uint64_t* flag_local = flags + e;
+      const uint64_t value = make_flag(seq, 0);
+      auto* flag = static_cast<uint64_t*>(transport::peer_ptr(flag_local, r));
+      if (flag != nullptr) {
+        st_release_sys(flag, value);
+      } else {
+        transport::signal_set(flag_local, value, r, ctx.qp_handles, le);
+      }
+    }
+  }
+  if (arrive_is_last_block(&ctx.counters->ll_combine_send_done) && threadIdx.x == 0) {
+    ctx.counters->ll_combine_send_seq = seq;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    ll_combine_recv(LlContext ctx, const int32_t* __restrict__ topk_idx,
+                    const float* __restrict__ topk_weights, int num_tokens,
+                    __nv_bfloat16* __restrict__ out) {
+  __shared__ int s_expert[kMaxTopk];
+  __shared__ float s_weight[kMaxTopk];
+  const EpDims d = ctx.dims;
+  const uint32_t seq = ld_volatile_u32(&ctx.counters->ll_combine_recv_seq) + 1;
+  const char* recv_base = ctx.buffers.combine_recv[seq & 1];
+  const uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
+  const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
+
+  for (int e = threadIdx.x; e < d.num_experts; e += blockDim.x) {
+    wait_flag(flags + e, seq, ctx.timeout_ns, ctx.status, kOpLlCombine, e / d.experts_per_rank,
+              e % d.experts_per_rank);
+  }
+  __syncthreads();
+  for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    if (threadIdx.x < d.num_topk) {
+      const int e = topk_idx[t * d.num_topk + threadIdx.x];
+      const bool valid = valid_expert(e, d.num_experts);
+      s_expert[threadIdx.x] = valid ? e : -1;
+      s_weight[threadIdx.x] = valid ? topk_weights[t * d.num_topk + threadIdx.x] : 0.0f;
+    }
+    __syncthreads();
+    for (int v = threadIdx.x; v < d.hidden / 8; v += blockDim.x) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int k = 0; k < d.num_topk; ++k) {
+        const int e = s_expert[k];
+        if (e < 0) continue;
+        const int4 raw = ld_nc_v4(reinterpret_cast<const int4*>(
+            recv_base + (static_cast<size_t>(e) * d.max_tokens + t) * row_bytes) + v);
+        const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] += s_weight[k] * __bfloat162float(vals[j]);
+      }
+      int4 packed;
+      __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) outv[j] = __float2bfloat16_rn(acc[j]);
+      reinterpret_cast<int4*>(out + static_cast<size_t>(t) * d.hidden)[v] = packed;
+    }
+    __syncthreads();
+  }
+  if (arrive_is_last_block(&ctx.counters->ll_combine_recv_done) && threadIdx.x == 0) {
+    ctx.counters->ll_combine_recv_seq = seq;
+  }
+}
+
+int GridSize(const LlContext& ctx, int work) {
+  return std::max(1, std::min(work, ctx.num_sms));
+}
+
+}  // namespace
+
+cudaError_t LaunchLlDispatchSend(const LlContext& ctx, const void* x, const int32_t* topk_idx,
+                                 int num_tokens, bool use_fp8, int32_t* num_invalid,
+                                 cudaStream_t stream) {
+  const size_t smem = ctx.buffers.message_bytes;
+  const int grid = GridSize(ctx, num_tokens);
+  const auto* rows = static_cast<const __nv_bfloat16*>(x);
+  if (use_fp8) {
+    ll_dispatch_send<true><<<grid, kThreads, smem, stream>>>(ctx, rows, topk_idx, num_tokens, num_invalid);
+  } else {
+    ll_dispatch_send<false><<<grid, kThreads, smem, stream>>>(ctx, rows, topk_idx, num_tokens, num_invalid);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchLlDispatchRecv(const LlContext& ctx, int num_tokens, bool use_fp8, void* out_x,
+                                 float* out_scales, int32_t* out_count, int32_t* out_recv_src,
+                                 cudaStream_t stream) {
+  const size_t smem = 2 * sizeof(uint32_t) * ((num_tokens + 31) / 32);
+  const int grid = GridSize(ctx, ctx.dims.experts_per_rank);
+  if (use_fp8) {
+    ll_dispatch_recv<true><<<grid, kThreads, smem, stream>>>(ctx, num_tokens, out_x, out_scales,
+                                                             out_count, out_recv_src);
+  } else {
+    ll_dispatch_recv<false><<<grid, kThreads, smem, stream>>>(ctx, num_tokens, out_x, out_scales,
+                                                              out_count, out_recv_src);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchLlCombineSend(const LlContext& ctx, const void* y, const int32_t* recv_src,
+                                const int32_t* count, int num_tokens, cudaStream_t stream) {
+  const int grid = GridSize(ctx, ctx.dims.experts_per_rank);
+  ll_combine_send<<<grid, kThreads, 0, stream>>>(ctx, static_cast<const __nv_bfloat16*>(y),
+                                                 recv_src, count, num_tokens);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchLlCombineRecv(const LlContext& ctx, const int32_t* topk_idx,
+                                const float* topk_weights, int num_tokens, void* out,
+                                cudaStream_t stream) {
+  const int grid = GridSize(ctx, std::max(num_tokens, 1));
+  ll_combine_recv<<<grid, kThreads, 0, stream>>>(ctx, topk_idx, topk_weights, num_tokens,
+                                                 static_cast<__nv_bfloat16*>(out));
+  return cudaGetLastError();
+}
+
+cudaError_t PrepareLlKernels() {
+  // Load every kernel now (not lazily inside a call while peers spin) and
+  // allow large dynamic shared memory for the message staging buffer.
+  const int max_smem = 200 * 1024;
+  cudaError_t err = cudaFuncSetAttribute(ll_dispatch_send<false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(ll_dispatch_send<true>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+  }
+  cudaFuncAttributes attrs;
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ll_dispatch_recv<false>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ll_dispatch_recv<true>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ll_combine_send);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ll_combine_recv);
+  return err;
+}
+
+}  // namespace jax_ep::cuda

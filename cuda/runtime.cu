@@ -1,0 +1,325 @@
+// NVSHMEM bootstrap and symmetric buffers (see runtime.h for the lifecycle).
+//
+// This file is compiled into the CUDA extension with -rdc and device-linked
+// against libnvshmem_device.a, so NVSHMEM's per-module device state lives in
+// the extension; Init() registers it (nvshmemi_init_thread with this module's
+// version, exactly what nvshmemx_init_attr does minus its exit(-1) on error).
+#include "cuda/runtime.h"
+
+#include <cuda_runtime.h>
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#include <cstring>
+#include <string>
+
+#include "cuda/ll_launch.h"
+#include "cuda/transport.cuh"
+
+namespace jax_ep::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr size_t kFreeMemoryMargin = size_t{512} << 20;
+
+size_t AlignUp(size_t value, size_t alignment = kAlign) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+std::string CudaError(const char* what, cudaError_t err) {
+  return std::string("jax_ep CUDA runtime: ") + what + " failed: " + cudaGetErrorString(err);
+}
+
+std::string GiB(size_t bytes) {
+  char text[32];
+  snprintf(text, sizeof(text), "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  return text;
+}
+
+}  // namespace
+
+BufferLayout ComputeLayout(const EpDims& d, bool low_latency, bool high_throughput,
+                           bool rdma_staging) {
+  BufferLayout layout;
+  size_t offset = 0;
+  auto take = [&offset](size_t bytes) {
+    const size_t at = offset;
+    offset = AlignUp(offset + bytes);
+    return at;
+  };
+  const size_t R = d.num_ranks, T = d.max_tokens, H = d.hidden, K = d.num_topk;
+  const size_t E = d.num_experts, E_local = d.experts_per_rank;
+  if (low_latency) {
+    layout.ll_message_bytes = LlMessageBytes(d.hidden);
+    for (int p = 0; p < 2; ++p) {
+      layout.ll_dispatch_recv[p] = take(E_local * R * T * layout.ll_message_bytes);
+      layout.ll_dispatch_flags[p] = take(E_local * R * sizeof(uint64_t));
+      layout.ll_combine_recv[p] = take(E * T * 2 * H);
+      layout.ll_combine_flags[p] = take(E * sizeof(uint64_t));
+    }
+    if (rdma_staging) {
+      layout.ll_dispatch_stage = take(T * layout.ll_message_bytes);
+      layout.ll_combine_stage = take(E_local * R * T * 2 * H);
+    }
+  }
+  if (high_throughput) {
+    const size_t fp8_row = H + 4 * (H / 128);
+    layout.ht_row_bytes = AlignUp(std::max(2 * H, fp8_row), 16);
+    layout.ht_counts = take(R * R * sizeof(int32_t));
+    layout.ht_notify_flags = take(R * sizeof(uint64_t));
+    layout.ht_recv_x = take(R * T * layout.ht_row_bytes);
+    layout.ht_recv_scales = take(R * T * (H / 128) * sizeof(float));
+    layout.ht_recv_src = take(R * T * sizeof(int32_t));
+    layout.ht_recv_idx = take(R * T * K * sizeof(int32_t));
+    layout.ht_recv_w = take(R * T * K * sizeof(float));
+    layout.ht_dispatch_flags = take(R * sizeof(uint64_t));
+    for (int p = 0; p < 2; ++p) {
+      layout.ht_combine_recv[p] = take(R * T * 2 * H);
+      layout.ht_combine_flags[p] = take(R * sizeof(uint64_t));
+    }
+  }
+  layout.total = offset;
+  return layout;
+}
+
+Runtime& Runtime::Get() {
+  static Runtime* runtime = new Runtime();  // never destroyed: NVSHMEM outlives Python teardown
+  return *runtime;
+}
+
+NvshmemVersion Runtime::LoadedVersion() {
+  NvshmemVersion v;
+  nvshmemx_vendor_get_version_info(&v.major, &v.minor, &v.patch);
+  return v;
+}
+
+NvshmemVersion Runtime::CompiledVersion() {
+  return {NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION, NVSHMEM_VENDOR_PATCH_VERSION};
+}
+
+bool Runtime::HasQpApi() { return JAX_EP_HAVE_QP_API != 0; }
+
+std::string Runtime::GetUniqueId(std::string* uid) {
+  nvshmemx_uniqueid_t id = NVSHMEMX_UNIQUEID_INITIALIZER;
+  if (nvshmemx_get_uniqueid(&id) != 0) return "jax_ep: nvshmemx_get_uniqueid failed";
+  uid->assign(reinterpret_cast<const char*>(&id), sizeof(id));
+  return "";
+}
+
+std::string Runtime::Init(int rank, int num_ranks, const std::string& uid, int device) {
+  if (initialized_) {
+    if (device != device_ || nvshmem_my_pe() != rank || nvshmem_n_pes() != num_ranks) {
+      return "jax_ep: NVSHMEM is already initialised with another rank/size/device in this process";
+    }
+    return "";
+  }
+  const NvshmemVersion loaded = LoadedVersion(), compiled = CompiledVersion();
+  if (loaded.major != compiled.major ||
+      loaded.minor * 1000 + loaded.patch < compiled.minor * 1000 + compiled.patch) {
+    return "jax_ep: the NVSHMEM host library in this process is " + std::to_string(loaded.major) +
+           "." + std::to_string(loaded.minor) + "." + std::to_string(loaded.patch) +
+           " but jax_ep was built with " + std::to_string(compiled.major) + "." +
+           std::to_string(compiled.minor) + "." + std::to_string(compiled.patch) +
+           "; install that nvidia-nvshmem-cu13 version (or newer, same major) or rebuild jax_ep";
+  }
+  if (uid.size() != sizeof(nvshmemx_uniqueid_t)) {
+    return "jax_ep: NVSHMEM unique id has " + std::to_string(uid.size()) + " bytes, expected " +
+           std::to_string(sizeof(nvshmemx_uniqueid_t));
+  }
+  cudaError_t err = cudaSetDevice(device);
+  if (err != cudaSuccess) return CudaError("cudaSetDevice", err);
+  nvshmemx_uniqueid_t id;
+  std::memcpy(&id, uid.data(), sizeof(id));
+  nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
+  if (nvshmemx_set_attr_uniqueid_args(rank, num_ranks, &id, &attr) != 0) {
+    return "jax_ep: nvshmemx_set_attr_uniqueid_args failed";
+  }
+  // What nvshmemx_init_attr() does, returning the status instead of exiting.
+  int provided = 0;
+  nvshmemi_version_t version = {NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION,
+                                NVSHMEM_VENDOR_PATCH_VERSION};
+  nvshmemx_init_init_attr_ver_only(attr);
+  const int status = nvshmemi_init_thread(NVSHMEM_THREAD_SERIALIZED, &provided,
+                                          NVSHMEMX_INIT_WITH_UNIQUEID, &attr, version);
+  if (status != 0) {
+    return "jax_ep: NVSHMEM initialisation failed (status " + std::to_string(status) +
+           "); rerun with NVSHMEM_DEBUG=INFO for details";
+  }
+  if (nvshmem_my_pe() != rank || nvshmem_n_pes() != num_ranks) {
+    return "jax_ep: NVSHMEM PE " + std::to_string(nvshmem_my_pe()) + " of " +
+           std::to_string(nvshmem_n_pes()) + " does not match EP rank " + std::to_string(rank) +
+           " of " + std::to_string(num_ranks);
+  }
+  device_ = device;
+  err = cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return CudaError("cudaDeviceGetAttribute", err);
+  err = cudaHostAlloc(reinterpret_cast<void**>(&status_host_), sizeof(DeviceStatus),
+                      cudaHostAllocMapped);
+  if (err != cudaSuccess) return CudaError("cudaHostAlloc (status word)", err);
+  std::memset(status_host_, 0, sizeof(DeviceStatus));
+  err = cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_device_), status_host_, 0);
+  if (err != cudaSuccess) return CudaError("cudaHostGetDevicePointer", err);
+  err = cudaMalloc(reinterpret_cast<void**>(&counters_), sizeof(DeviceCounters));
+  if (err == cudaSuccess) err = cudaMemset(counters_, 0, sizeof(DeviceCounters));
+  if (err != cudaSuccess) return CudaError("cudaMalloc (counters)", err);
+  probe_ = static_cast<char*>(nvshmem_malloc(kAlign));
+  if (probe_ == nullptr) return "jax_ep: nvshmem_malloc of the peer probe failed";
+  err = PrepareLlKernels();
+  if (err != cudaSuccess) return CudaError("loading the kernels", err);
+  err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) return CudaError("cudaDeviceSynchronize", err);
+  nvshmem_barrier_all();
+  initialized_ = true;
+  return "";
+}
+
+std::vector<bool> Runtime::ProbePeers() const {
+  std::vector<bool> p2p;
+  if (!initialized_) return p2p;
+  for (int pe = 0; pe < nvshmem_n_pes(); ++pe) p2p.push_back(nvshmem_ptr(probe_, pe) != nullptr);
+  return p2p;
+}
+
+std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_throughput,
+                              bool rdma_staging, double timeout_s, int num_sms) {
+  if (!initialized_) return "jax_ep: Allocate before Init";
+  std::string released = ReleaseBuffers();
+  if (!released.empty()) return released;
+  const BufferLayout layout = ComputeLayout(dims, low_latency, high_throughput, rdma_staging);
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaError_t err = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (err != cudaSuccess) return CudaError("cudaMemGetInfo", err);
+  if (layout.total + kFreeMemoryMargin > free_bytes) {
+    return "jax_ep needs " + GiB(layout.total) + " of GPU memory for its symmetric buffers " +
+           "(+" + GiB(kFreeMemoryMargin) + " margin) but only " + GiB(free_bytes) + " of " +
+           GiB(total_bytes) + " are free. XLA preallocates most of the GPU by default: set " +
+           "XLA_PYTHON_CLIENT_PREALLOCATE=false (jax_ep.launch does) or lower " +
+           "XLA_PYTHON_CLIENT_MEM_FRACTION; or shrink EpConfig (max_tokens_per_rank, hidden, " +
+           "enable_low_latency / enable_high_throughput: see jax_ep.buffer_bytes)";
+  }
+  base_ = static_cast<char*>(nvshmem_align(kAlign, layout.total));
+  if (base_ == nullptr) {
+    return "jax_ep: nvshmem_align(" + GiB(layout.total) + ") failed; raise NVSHMEM_SYMMETRIC_SIZE "
+           "or NVSHMEM_MAX_MEMORY_PER_GPU";
+  }
+  err = cudaMemset(base_, 0, layout.total);
+  if (err == cudaSuccess) {
+    err = cudaMalloc(reinterpret_cast<void**>(&slot_counters_),
+                     sizeof(int32_t) * std::max(dims.num_experts, 1));
+  }
+  if (err == cudaSuccess) {
+    err = cudaMemset(slot_counters_, 0, sizeof(int32_t) * std::max(dims.num_experts, 1));
+  }
+  if (err != cudaSuccess) return CudaError("clearing the symmetric buffers", err);
+#if JAX_EP_HAVE_QP_API
+  if (low_latency && rdma_staging) {
+    nvshmemx_qp_handle_t* handles = nullptr;
+    if (nvshmemx_qp_create(dims.experts_per_rank, &handles) != 0 || handles == nullptr) {
+      return "jax_ep: nvshmemx_qp_create(" + std::to_string(dims.experts_per_rank) + ") failed";
+    }
+    err = cudaMalloc(reinterpret_cast<void**>(&qp_handles_), sizeof(int) * dims.experts_per_rank);
+    if (err == cudaSuccess) {
+      err = cudaMemcpy(qp_handles_, handles, sizeof(int) * dims.experts_per_rank,
+                       cudaMemcpyHostToDevice);
+    }
+    if (err != cudaSuccess) return CudaError("copying the QP handles", err);
+  }
+#endif
+  err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) return CudaError("cudaDeviceSynchronize", err);
+  nvshmem_barrier_all();  // every rank's buffers are zero before anyone writes
+
+  dims_ = dims;
+  layout_ = layout;
+  low_latency_ = low_latency;
+  high_throughput_ = high_throughput;
+  const uint64_t timeout_ns = static_cast<uint64_t>(timeout_s * 1e9);
+  ll_ = LlContext{};
+  ll_.dims = dims;
+  ll_.counters = counters_;
+  ll_.status = status_device_;
+  ll_.slot_counters = slot_counters_;
+  ll_.qp_handles = qp_handles_;
+  ll_.timeout_ns = timeout_ns;
+  ll_.num_sms = num_sms_;
+  if (low_latency) {
+    for (int p = 0; p < 2; ++p) {
+      ll_.buffers.dispatch_recv[p] = base_ + layout.ll_dispatch_recv[p];
+      ll_.buffers.dispatch_flags[p] = reinterpret_cast<uint64_t*>(base_ + layout.ll_dispatch_flags[p]);
+      ll_.buffers.combine_recv[p] = base_ + layout.ll_combine_recv[p];
+      ll_.buffers.combine_flags[p] = reinterpret_cast<uint64_t*>(base_ + layout.ll_combine_flags[p]);
+    }
+    ll_.buffers.dispatch_stage = rdma_staging ? base_ + layout.ll_dispatch_stage : nullptr;
+    ll_.buffers.combine_stage = rdma_staging ? base_ + layout.ll_combine_stage : nullptr;
+    ll_.buffers.message_bytes = layout.ll_message_bytes;
+  }
+  ht_ = HtContext{};
+  ht_.dims = dims;
+  ht_.counters = counters_;
+  ht_.status = status_device_;
+  ht_.timeout_ns = timeout_ns;
+  ht_.num_sms = std::max(2, std::min(num_sms > 0 ? num_sms : num_sms_, num_sms_));
+  if (high_throughput) {
+    HtBuffers& b = ht_.buffers;
+    b.counts = reinterpret_cast<int32_t*>(base_ + layout.ht_counts);
+    b.notify_flags = reinterpret_cast<uint64_t*>(base_ + layout.ht_notify_flags);
+    b.recv_x = base_ + layout.ht_recv_x;
+    b.recv_scales = reinterpret_cast<float*>(base_ + layout.ht_recv_scales);
+    b.recv_src = reinterpret_cast<int32_t*>(base_ + layout.ht_recv_src);
+    b.recv_idx = reinterpret_cast<int32_t*>(base_ + layout.ht_recv_idx);
+    b.recv_w = reinterpret_cast<float*>(base_ + layout.ht_recv_w);
+    b.dispatch_flags = reinterpret_cast<uint64_t*>(base_ + layout.ht_dispatch_flags);
+    for (int p = 0; p < 2; ++p) {
+      b.combine_recv[p] = base_ + layout.ht_combine_recv[p];
+      b.combine_flags[p] = reinterpret_cast<uint64_t*>(base_ + layout.ht_combine_flags[p]);
+    }
+    b.row_bytes = layout.ht_row_bytes;
+  }
+  return "";
+}
+
+std::string Runtime::ReleaseBuffers() {
+  if (base_ == nullptr) return "";
+  cudaError_t err = cudaDeviceSynchronize();  // no kernel may still use the buffers
+  if (err != cudaSuccess) return CudaError("cudaDeviceSynchronize", err);
+  nvshmem_barrier_all();
+  nvshmem_free(base_);
+  base_ = nullptr;
+  if (slot_counters_ != nullptr) cudaFree(slot_counters_);
+  slot_counters_ = nullptr;
+  if (qp_handles_ != nullptr) cudaFree(qp_handles_);
+  qp_handles_ = nullptr;
+  ll_ = LlContext{};
+  ht_ = HtContext{};
+  low_latency_ = high_throughput_ = false;
+  return "";
+}
+
+std::string Runtime::Finalize() {
+  if (!initialized_) return "";
+  std::string released = ReleaseBuffers();
+  if (!released.empty()) return released;
+  if (probe_ != nullptr) nvshmem_free(probe_);
+  probe_ = nullptr;
+  if (counters_ != nullptr) cudaFree(counters_);
+  counters_ = nullptr;
+  nvshmem_finalize();
+  if (status_host_ != nullptr) cudaFreeHost(status_host_);
+  status_host_ = status_device_ = nullptr;
+  initialized_ = false;
+  return "";
+}
+
+DeviceStatus Runtime::status() const {
+  DeviceStatus snapshot{};
+  if (status_host_ != nullptr) {
+    std::memcpy(&snapshot, const_cast<const DeviceStatus*>(status_host_), sizeof(snapshot));
+  }
+  return snapshot;
+}
+
+void Runtime::ClearStatus() {
+  if (status_host_ != nullptr) std::memset(status_host_, 0, sizeof(DeviceStatus));
+}
+
+}  // namespace jax_ep::cuda

@@ -1,0 +1,118 @@
+// The process-wide CUDA runtime of jax_ep: NVSHMEM bootstrap (compiled into
+// this extension so its device state is registered), the symmetric buffers,
+// device counters and the host-mapped fault word. Plain C++ interface; the
+// implementation (runtime.cu) is the only host code that includes NVSHMEM.
+//
+// Lifecycle (driven from jax_ep/cuda_runtime.py, outside any jit):
+//   GetUniqueId (EP rank 0) -> Init (every rank) -> ProbePeers ->
+//   Allocate(config) [-> ReleaseBuffers -> Allocate(other config)] -> Finalize.
+// Init/Allocate/ReleaseBuffers/Finalize are collective over the EP group.
+#ifndef JAX_EP_CUDA_RUNTIME_H_
+#define JAX_EP_CUDA_RUNTIME_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/ep_types.h"
+#include "cuda/ht_types.h"
+
+namespace jax_ep::cuda {
+
+// Byte offsets of every buffer in the one symmetric allocation.
+struct BufferLayout {
+  size_t total = 0;
+  // LL (0 when disabled)
+  size_t ll_dispatch_recv[2] = {0, 0};
+  size_t ll_dispatch_flags[2] = {0, 0};
+  size_t ll_combine_recv[2] = {0, 0};
+  size_t ll_combine_flags[2] = {0, 0};
+  size_t ll_dispatch_stage = 0;
+  size_t ll_combine_stage = 0;
+  size_t ll_message_bytes = 0;
+  // HT (0 when disabled)
+  size_t ht_counts = 0;
+  size_t ht_notify_flags = 0;
+  size_t ht_recv_x = 0;
+  size_t ht_recv_scales = 0;
+  size_t ht_recv_src = 0;
+  size_t ht_recv_idx = 0;
+  size_t ht_recv_w = 0;
+  size_t ht_dispatch_flags = 0;
+  size_t ht_combine_recv[2] = {0, 0};
+  size_t ht_combine_flags[2] = {0, 0};
+  size_t ht_row_bytes = 0;
+};
+
+// The layout for `dims`; the formula behind jax_ep.buffer_bytes().
+BufferLayout ComputeLayout(const EpDims& dims, bool low_latency, bool high_throughput,
+                           bool rdma_staging);
+
+struct NvshmemVersion {
+  int major = 0, minor = 0, patch = 0;
+};
+
+class Runtime {
+ public:
+  static Runtime& Get();
+
+  // Version of the NVSHMEM host library in this process / of the headers and
+  // device library this extension was built with.
+  static NvshmemVersion LoadedVersion();
+  static NvshmemVersion CompiledVersion();
+  static bool HasQpApi();
+
+  // 128-byte NVSHMEM unique id (EP rank 0 creates it). Returns "" or an error.
+  std::string GetUniqueId(std::string* uid);
+  // Bootstraps NVSHMEM with PE = rank on CUDA device `device`, and registers
+  // this extension's device state. Idempotent.
+  std::string Init(int rank, int num_ranks, const std::string& uid, int device);
+  // P2P (load/store) reachability of every PE from this one.
+  std::vector<bool> ProbePeers() const;
+  // (Re)allocates the symmetric buffers for `dims`. Collective.
+  std::string Allocate(const EpDims& dims, bool low_latency, bool high_throughput,
+                       bool rdma_staging, double timeout_s, int num_sms);
+  // Frees the symmetric buffers (collective); the transport stays up.
+  std::string ReleaseBuffers();
+  // Frees everything and finalises NVSHMEM (collective).
+  std::string Finalize();
+
+  bool initialized() const { return initialized_; }
+  bool allocated() const { return base_ != nullptr; }
+  bool low_latency() const { return low_latency_; }
+  bool high_throughput() const { return high_throughput_; }
+  const EpDims& dims() const { return dims_; }
+  const LlContext& ll_context() const { return ll_; }
+  const HtContext& ht_context() const { return ht_; }
+  const BufferLayout& layout() const { return layout_; }
+  int device() const { return device_; }
+  // Snapshot of the fault word (host-mapped: no stream sync).
+  DeviceStatus status() const;
+  // Clears the fault word (after the host reported it).
+  void ClearStatus();
+
+ private:
+  Runtime() = default;
+
+  bool initialized_ = false;
+  int device_ = -1;
+  int num_sms_ = 0;
+  char* base_ = nullptr;
+  char* probe_ = nullptr;
+  EpDims dims_{};
+  bool low_latency_ = false;
+  bool high_throughput_ = false;
+  BufferLayout layout_{};
+  LlContext ll_{};
+  HtContext ht_{};
+  DeviceStatus* status_host_ = nullptr;
+  DeviceStatus* status_device_ = nullptr;
+  DeviceCounters* counters_ = nullptr;
+  int32_t* slot_counters_ = nullptr;
+  int* qp_handles_ = nullptr;
+};
+
+}  // namespace jax_ep::cuda
+
+#endif  // JAX_EP_CUDA_RUNTIME_H_

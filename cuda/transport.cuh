@@ -1,0 +1,86 @@
+// The device-side transport: the one place where the NVLink and RDMA paths differ.
+//
+// Kernels address every remote object by its *local* symmetric address plus a
+// PE. `peer_ptr` says whether loads/stores reach the PE (NVLink/PCIe P2P, or
+// the PE itself): then the kernel stores directly and publishes completion
+// with a st.release.sys flag. Otherwise the data goes by RDMA:
+//   * NVSHMEM >= 3.5.19 (public QP API): one queue pair per destination local
+//     expert; data puts and then the completion flag as a signal op on the
+//     *same* QP. InfiniBand executes an atomic only after the earlier writes on
+//     its QP (IBA spec, o9-20), so the flag cannot overtake the data, adaptive
+//     routing included, and experts never wait on each other's traffic.
+//   * older NVSHMEM: default QP; each block completes its puts with
+//     nvshmem_quiet() before the flag is signalled.
+// RDMA sources must be symmetric memory: kernels stage rows into a local
+// symmetric buffer first.
+#ifndef JAX_EP_CUDA_TRANSPORT_CUH_
+#define JAX_EP_CUDA_TRANSPORT_CUH_
+
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#include <cstdint>
+
+#if defined(NVSHMEM_VENDOR_MAJOR_VERSION) &&                                     \
+    (NVSHMEM_VENDOR_MAJOR_VERSION * 10000 + NVSHMEM_VENDOR_MINOR_VERSION * 100 + \
+     NVSHMEM_VENDOR_PATCH_VERSION) >= 30519
+#define JAX_EP_HAVE_QP_API 1
+#else
+#define JAX_EP_HAVE_QP_API 0
+#endif
+
+namespace jax_ep::cuda::transport {
+
+// Pointer through which this thread can load/store `pe`'s copy of the
+// symmetric object at local address `local`; null when only RDMA reaches it.
+__device__ __forceinline__ void* peer_ptr(const void* local, int pe) {
+  return nvshmem_ptr(local, pe);
+}
+
+// Warp-collective RDMA put of `bytes` from local symmetric `src` into pe's copy
+// of `dst`, on the queue pair of destination local expert `qp`.
+__device__ __forceinline__ void put_warp(void* dst, const void* src, size_t bytes, int pe,
+                                         const int* qp_handles, int qp) {
+#if JAX_EP_HAVE_QP_API
+  if (qp_handles != nullptr) {
+    nvshmemx_qp_uint8_put_nbi_warp(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src),
+                                   bytes, pe, qp_handles[qp]);
+    return;
+  }
+#endif
+  (void)qp_handles;
+  (void)qp;
+  nvshmemx_putmem_nbi_warp(dst, src, bytes, pe);
+}
+
+// Sets pe's copy of `flag` to `value` after this QP's earlier puts (see above).
+__device__ __forceinline__ void signal_set(uint64_t* flag, uint64_t value, int pe,
+                                           const int* qp_handles, int qp) {
+#if JAX_EP_HAVE_QP_API
+  if (qp_handles != nullptr) {
+    nvshmemx_qp_signal_op(flag, value, NVSHMEM_SIGNAL_SET, pe, qp_handles[qp]);
+    return;
+  }
+#endif
+  (void)qp_handles;
+  (void)qp;
+  nvshmemx_signal_op(flag, value, NVSHMEM_SIGNAL_SET, pe);
+}
+
+// Whether puts must be completed (quiet) before their flag is signalled.
+__device__ __forceinline__ bool needs_quiet(const int* qp_handles) {
+  return !JAX_EP_HAVE_QP_API || qp_handles == nullptr;
+}
+
+// Block-collective: completes this block's RDMA puts when the path needs it.
+// `used_rdma` must be uniform across the block.
+__device__ __forceinline__ void complete_block_puts(bool used_rdma, const int* qp_handles) {
+  if (!used_rdma || !needs_quiet(qp_handles)) return;
+  __syncthreads();
+  if (threadIdx.x == 0) nvshmem_quiet();
+  __syncthreads();
+}
+
+}  // namespace jax_ep::cuda::transport
+
+#endif  // JAX_EP_CUDA_TRANSPORT_CUH_

@@ -1,0 +1,57 @@
+"""python -m jax_ep.launch -n 2 -m jax_ep.bench --mode ll|ht [--out results.json]."""
+
+from __future__ import annotations
+
+import datetime
+import sys
+
+from absl import app, flags
+
+from jax_ep import launch
+
+flags.DEFINE_enum("mode", "ll", ["ll", "ht"], "which kernels to benchmark")
+flags.DEFINE_integer("tokens", None, "tokens per rank (default: 128 for ll, 4096 for ht)")
+flags.DEFINE_integer("hidden", 7168, "hidden size")
+flags.DEFINE_integer("num_experts", 256, "experts")
+flags.DEFINE_integer("topk", 8, "experts per token")
+flags.DEFINE_integer("num_calls", 50, "calls per timed executable")
+flags.DEFINE_integer("repeats", 7, "timed executions (median reported)")
+flags.DEFINE_integer("seed", 0, "routing/data seed")
+flags.DEFINE_string("out", None, "write results as JSON here")
+flags.DEFINE_bool("sweep", False, "ht: also sweep tokens per rank 128..8192 (JSON + PNG)")
+flags.DEFINE_string("plot", None, "ht --sweep: write the plot PNG here")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  del argv
+  launch.initialize_distributed_from_env()
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax_ep  # pylint: disable=import-outside-toplevel
+  from jax_ep.bench import common  # pylint: disable=import-outside-toplevel
+
+  results = dict(mode=FLAGS.mode, device=common.device_description(),
+                 date=datetime.datetime.now().isoformat(timespec="seconds"),
+                 timing="in-graph: one executable of num_calls unrolled calls, median of "
+                        "repeats, max over ranks")
+  if FLAGS.mode == "ll":
+    from jax_ep.bench import ll  # pylint: disable=import-outside-toplevel
+    rows, meta = ll.run(FLAGS.tokens or 128, FLAGS.hidden, FLAGS.num_experts, FLAGS.topk,
+                        FLAGS.num_calls, FLAGS.repeats, FLAGS.seed)
+  else:
+    from jax_ep.bench import ht  # pylint: disable=import-outside-toplevel
+    rows, meta = ht.run(FLAGS.tokens or 4096, FLAGS.hidden, FLAGS.num_experts, FLAGS.topk,
+                        FLAGS.num_calls, FLAGS.repeats, FLAGS.seed, sweep=FLAGS.sweep,
+                        plot=FLAGS.plot)
+  results.update(meta=meta, rows=rows)
+  if jax.process_index() == 0:
+    common.print_table(rows, f"jax_ep bench --mode {FLAGS.mode} on {results['device']} "
+                             f"({results['date']}): {meta}")
+    if FLAGS.out:
+      common.write_json(FLAGS.out, results)
+  jax_ep.finalize()
+  sys.stdout.flush()
+
+
+if __name__ == "__main__":
+  app.run(main)

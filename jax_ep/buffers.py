@@ -1,0 +1,54 @@
+"""Symmetric GPU memory of the CUDA backend: the documented sizing formula.
+
+Mirrors ``ComputeLayout`` in cuda/runtime.cu (a test checks they agree). Per
+GPU, with R ranks, T = max_tokens_per_rank, E experts, E_local = E/R, H hidden,
+K top-k, every buffer rounded up to 256 bytes:
+
+  low latency (double-buffered, x2):
+    dispatch receive  E_local * R * T * M      M = 16 + max(2H, H + H/32), to 16 B
+    dispatch flags    E_local * R * 8
+    combine receive   E * T * 2H
+    combine flags     E * 8
+    (+ RDMA staging T*M + E_local*R*T*2H when some peer is reachable only by RDMA)
+  high throughput:
+    counts R*R*4, flags R*8, rows R*T*W (W = max(2H, H + H/32) to 16 B),
+    scales R*T*(H/128)*4, sources R*T*4, top-k R*T*K*8, flags R*8,
+    combine receive 2 * (R*T*2H + R*8)
+"""
+
+from __future__ import annotations
+
+from jax_ep.config import EpConfig
+
+_ALIGN = 256
+
+
+def _align(value: int, alignment: int = _ALIGN) -> int:
+  return (value + alignment - 1) // alignment * alignment
+
+
+def ll_message_bytes(hidden: int) -> int:
+  """Bytes of one LL dispatch message: 16-byte header + bf16 or fp8+scales payload."""
+  payload = max(2 * hidden, hidden + 4 * (hidden // 128))
+  return _align(16 + payload, 16)
+
+
+def buffer_bytes(config: EpConfig, num_ranks: int, *, rdma_staging: bool = False) -> int:
+  """Bytes of symmetric memory jax_ep's CUDA backend allocates on each GPU."""
+  r, t, h, k = num_ranks, config.max_tokens_per_rank, config.hidden, config.num_topk
+  e = config.num_experts
+  e_local = config.experts_per_rank(num_ranks)
+  sizes = []
+  if config.enable_low_latency:
+    message = ll_message_bytes(h)
+    for _ in range(2):
+      sizes += [e_local * r * t * message, e_local * r * 8, e * t * 2 * h, e * 8]
+    if rdma_staging:
+      sizes += [t * message, e_local * r * t * 2 * h]
+  if config.enable_high_throughput:
+    row = _align(max(2 * h, h + 4 * (h // 128)), 16)
+    sizes += [r * r * 4, r * 8, r * t * row, r * t * (h // 128) * 4, r * t * 4, r * t * k * 4,
+              r * t * k * 4, r * 8]
+    for _ in range(2):
+      sizes += [r * t * 2 * h, r * 8]
+  return sum(_align(s) for s in sizes)

@@ -1,0 +1,148 @@
+"""Start-up of the CUDA backend: one JAX process per GPU, NVSHMEM, symmetric buffers.
+
+Called by ``jax_ep.initialize`` when the CUDA backend is chosen. Every step is
+collective over the EP group; the JAX distributed key-value store carries the
+NVSHMEM unique id and the consistency checks (keys under ``jax_ep/``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import pickle
+
+import jax
+
+from jax_ep import _extension
+from jax_ep.backends.cuda import CudaBackend
+from jax_ep.buffers import buffer_bytes
+from jax_ep.config import EpConfig
+from jax_ep.errors import EpConfigError, EpError
+
+_KV_TIMEOUT_MS = 300_000
+_generation = itertools.count()
+
+# NVLink multicast (NVLS) must stay off on shared machines; harmless elsewhere.
+_NVSHMEM_ENV_DEFAULTS = {"NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclasses.dataclass
+class CudaRuntime:
+  """The CUDA backend's process state (one per process)."""
+
+  module: object
+  config: EpConfig
+  num_ranks: int
+  rank: int
+  rdma_staging: bool
+  backend: CudaBackend
+
+  def release_buffers(self) -> None:
+    self.module.release_buffers()
+
+  def finalize(self) -> None:
+    self.module.finalize()
+
+
+def _client():
+  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+  return distributed.global_state.client
+
+
+def _exchange(key: str, value: bytes, rank: int, num_ranks: int) -> list[bytes]:
+  """Every rank publishes ``value``; returns all ranks' values (KV store)."""
+  if num_ranks == 1:
+    return [value]
+  client = _client()
+  client.key_value_set_bytes(f"{key}/{rank}", value)
+  return [client.blocking_key_value_get_bytes(f"{key}/{r}", _KV_TIMEOUT_MS)
+          for r in range(num_ranks)]
+
+
+def _ep_rank(mesh: jax.sharding.Mesh, axis: str) -> int:
+  axis_index = mesh.axis_names.index(axis)
+  devices = mesh.devices
+  for position, device in zip(itertools.product(*map(range, devices.shape)), devices.flat):
+    if device.process_index == jax.process_index():
+      return position[axis_index]
+  raise EpError("jax_ep: none of the mesh's devices belongs to this process")
+
+
+def _check_process_model(config: EpConfig, mesh: jax.sharding.Mesh) -> tuple[int, int]:
+  if jax.local_device_count() != 1:
+    raise EpError(
+        f"jax_ep's CUDA backend needs one JAX process per GPU (NVSHMEM PEs are processes), "
+        f"but this process drives {jax.local_device_count()} devices. Launch with "
+        "`python -m jax_ep.launch -n <num_gpus> your_script.py` (it calls "
+        "jax.distributed.initialize(..., local_device_ids=[rank])), or pass backend='xla'.")
+  num_ranks = mesh.shape[config.axis_name]
+  if num_ranks != jax.process_count() or mesh.devices.size != num_ranks:
+    raise EpError(
+        f"jax_ep's CUDA backend needs the EP axis {config.axis_name!r} to span every process "
+        f"(one GPU each): the mesh has {mesh.devices.size} devices, {num_ranks} on the EP axis, "
+        f"for {jax.process_count()} processes")
+  if "xla_gpu_experimental_enable_nvshmem=true" in os.environ.get("XLA_FLAGS", "").replace(
+      " ", "").lower():
+    raise EpError(
+        "jax_ep starts NVSHMEM itself; remove --xla_gpu_experimental_enable_nvshmem from "
+        "XLA_FLAGS (XLA's own NVSHMEM would initialise the same library a second time)")
+  return num_ranks, _ep_rank(mesh, config.axis_name)
+
+
+def _bootstrap(module, config: EpConfig, rank: int, num_ranks: int, device: int,
+               generation: int) -> None:
+  for key, value in _NVSHMEM_ENV_DEFAULTS.items():
+    os.environ.setdefault(key, value)
+  # Reserve the first config's buffers up front (the heap can grow later).
+  os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE",
+                        str(buffer_bytes(config, num_ranks, rdma_staging=True) + (256 << 20)))
+  if num_ranks > 1 and _client() is None:
+    raise EpError("jax_ep: jax.distributed is not initialised; launch with python -m "
+                  "jax_ep.launch (or call jax.distributed.initialize first)")
+  key = f"jax_ep/{generation}/nvshmem_uid"
+  if rank == 0:
+    uid = module.get_unique_id()
+    if num_ranks > 1:
+      _client().key_value_set_bytes(key, uid)
+  else:
+    uid = _client().blocking_key_value_get_bytes(key, _KV_TIMEOUT_MS)
+  try:
+    module.init(rank, num_ranks, uid, device)
+  except RuntimeError as e:
+    raise EpError(str(e)) from None
+
+
+def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
+               previous: CudaRuntime | None) -> CudaRuntime:
+  """Brings up (or re-sizes) the CUDA runtime for ``config`` on ``mesh``."""
+  module = _extension.cuda_module()
+  if module is None:
+    raise EpError(f"jax_ep's CUDA backend is unavailable: {_extension.cuda_module_status()}")
+  num_ranks, rank = _check_process_model(config, mesh)
+  jax.devices()  # JAX's GPU client first: it owns the CUDA primary context
+  device = jax.local_devices()[0].local_hardware_id
+  generation = next(_generation)
+  if previous is None or not module.initialized():
+    _bootstrap(module, config, rank, num_ranks, device, generation)
+
+  configs = _exchange(f"jax_ep/{generation}/config", pickle.dumps(config), rank, num_ranks)
+  if any(pickle.loads(c) != config for c in configs):
+    others = sorted({repr(pickle.loads(c)) for c in configs})
+    raise EpConfigError(f"jax_ep.initialize: the EP ranks passed different configs: {others}")
+  needs_rdma = b"0" if all(module.probe_peers()) else b"1"
+  rdma_staging = b"1" in _exchange(f"jax_ep/{generation}/rdma", needs_rdma, rank, num_ranks)
+  if rdma_staging and config.enable_high_throughput:
+    raise EpError(
+        "jax_ep: the high-throughput kernels need every EP peer reachable by NVLink; some are "
+        "only reachable by RDMA (docs/design.md describes the internode design). Use "
+        "EpConfig(enable_high_throughput=False) for the low-latency ops over RDMA.")
+  try:
+    module.allocate(num_ranks, rank, config.num_experts, config.hidden,
+                    config.max_tokens_per_rank, config.num_topk, config.enable_low_latency,
+                    config.enable_high_throughput, rdma_staging, float(config.timeout_s),
+                    int(config.num_sms or 0))
+  except RuntimeError as e:
+    raise EpError(str(e)) from None
+  return CudaRuntime(module=module, config=config, num_ranks=num_ranks, rank=rank,
+                     rdma_staging=rdma_staging, backend=CudaBackend())

@@ -1,0 +1,98 @@
+"""What the CUDA backend lowers to, checked on CPU: its FFI custom calls with
+the expected attributes, side effects and operand order; plus the buffer sizing
+formula against the CUDA extension where it was built."""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_ep
+from jax_ep import _extension
+from jax_ep.runtime import lowering_only
+
+CONFIG = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=8, num_topk=4)
+
+
+def _lower_for_cuda(fn, *shapes):
+  mesh = jax.make_mesh((2,), ("ep",), devices=jax.devices()[:2])
+  args = [jax.ShapeDtypeStruct(s, d, sharding=NamedSharding(mesh, P("ep"))) for s, d in shapes]
+  with lowering_only(CONFIG, mesh, backend="cuda"):
+    mapped = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
+    return mapped.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _custom_calls(text: str) -> list[str]:
+  return [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+
+
+def _attr(line: str, name: str) -> str:
+  match = re.search(rf"{name} = ([^,}}]+)", line)
+  assert match, f"attribute {name} missing in {line}"
+  return match.group(1).strip()
+
+
+@pytest.mark.parametrize("use_fp8", [False, True])
+def test_low_latency_ops_lower_to_the_cuda_targets(use_fp8):
+  def fn(x, idx, w):
+    d = jax_ep.low_latency_dispatch(x, idx, config=CONFIG, use_fp8=use_fp8)
+    y = d.x.astype(jnp.bfloat16)
+    return jax_ep.low_latency_combine(y, idx, w, d.handle, config=CONFIG)
+
+  text = _lower_for_cuda(fn, ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
+                         ((16, 4), jnp.float32))
+  calls = _custom_calls(text)
+  targets = [re.search(r"@(\w+)", c).group(1) for c in calls]
+  assert targets == ["jax_ep_ll_dispatch_send", "jax_ep_ll_dispatch_recv",
+                     "jax_ep_ll_combine_send", "jax_ep_ll_combine_recv"], targets
+  for call in calls:
+    assert "has_side_effect = true" in call
+    assert _attr(call, "num_experts") == "16 : i64"
+    assert _attr(call, "hidden") == "256 : i64"
+    assert _attr(call, "max_tokens") == "8 : i64"
+    assert _attr(call, "num_topk") == "4 : i64"
+    assert _attr(call, "num_ranks") == "2 : i64"
+  assert _attr(calls[0], "use_fp8") == ("true" if use_fp8 else "false")
+  assert _attr(calls[1], "num_tokens") == "8 : i64"
+  # The recv result types: x [E_local, R*T, H], scales, count, recv_src.
+  x_type = "f8E4M3FN" if use_fp8 else "bf16"
+  assert f"tensor<8x16x256x{x_type}>" in calls[1]
+  assert "tensor<8xi32>" in calls[1] and "tensor<8x16xi32>" in calls[1]
+  assert "tensor<8x256xbf16>" in calls[3]
+  # No CPU handler and no collective sneaks into the CUDA lowering of these ops.
+  assert "jax_ep_cpu_" not in text and "all_to_all" not in text
+
+
+def test_portable_payloads_stay_portable_on_cuda():
+  """float32 rows have no kernel: the CUDA backend runs the portable path (jnp + all_to_all)."""
+  def fn(x, idx, w):
+    d = jax_ep.low_latency_dispatch(x, idx, config=CONFIG)
+    return jax_ep.low_latency_combine(d.x, idx, w, d.handle, config=CONFIG)
+
+  text = _lower_for_cuda(fn, ((16, 256), jnp.float32), ((16, 4), jnp.int32),
+                         ((16, 4), jnp.float32))
+  assert "all_to_all" in text and "jax_ep_ll_" not in text and "jax_ep_cpu_" not in text
+
+
+def test_buffer_bytes_formula():
+  config = jax_ep.EpConfig(num_experts=256, hidden=7168, max_tokens_per_rank=128, num_topk=8,
+                           enable_high_throughput=False)
+  ll = jax_ep.buffer_bytes(config, 2)
+  assert 1.7e9 < ll < 2.0e9  # the same order as DeepEP's LL buffer at these sizes
+  both = jax_ep.buffer_bytes(jax_ep.EpConfig(num_experts=256, hidden=7168,
+                                             max_tokens_per_rank=128, num_topk=8), 2)
+  assert both > ll
+  module = _extension.cuda_module()
+  if module is None:
+    pytest.skip(f"CUDA extension not built: {_extension.cuda_module_status()}")
+  for cfg in (config, jax_ep.EpConfig(num_experts=32, hidden=512, max_tokens_per_rank=64,
+                                      num_topk=4)):
+    for rdma in (False, True):
+      layout = module.buffer_layout(4, cfg.num_experts, cfg.hidden, cfg.max_tokens_per_rank,
+                                    cfg.num_topk, cfg.enable_low_latency,
+                                    cfg.enable_high_throughput, rdma)
+      assert layout["total"] == jax_ep.buffer_bytes(cfg, 4, rdma_staging=rdma)

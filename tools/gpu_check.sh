@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# One command for the GPU machine (2x H200): build in place, run the GPU tests
+# with XLA command buffers on (default) and off, run the benchmarks, print a
+# short table last. Logs and JSON go to $OUT (default /tmp/jax_ep_gpu_check):
+# machine.txt, build.log, tests_cmdbuf_{on,off}.log, bench.log, bench_{ll,ht}.json,
+# ht_sweep.png.
+#
+#   tools/gpu_check.sh [all|tests|bench|ll|ht] [quick]
+#     ll / ht: that family's tests and benchmark; tests / bench: one half;
+#     quick: skip the long repeated-call tests and the HT sweep.
+#
+# Python is the machine's python3 (jax 0.11.2, NVSHMEM wheel, nanobind,
+# scikit-build-core preinstalled); nothing is downloaded.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WHAT=${1:-all}
+QUICK=${2:-}
+OUT=${OUT:-/tmp/jax_ep_gpu_check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+# NVLink multicast must stay off on shared machines; never disable P2P here.
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export PYTHONUNBUFFERED=1
+SUMMARY="$(mktemp)"
+: > "$SUMMARY"
+status=0
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+start=$(date +%s)
+{ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv; nvidia-smi topo -m; } \
+    > "$OUT/machine.txt" 2>&1
+echo "== build (JAX_EP_CUDA=ON, in place)"
+if ! JAX_EP_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps --no-cache-dir \
+      -Cbuild-dir=build/gpu -e . > "$OUT/build.log" 2>&1; then
+  tail -60 "$OUT/build.log"
+  note "build: FAILED (see build.log)"
+  exit 1
+fi
+"$PY" - <<'PY' | tee -a "$SUMMARY"
+from jax_ep import _extension
+m = _extension.cuda_module()
+print("build: ok; CUDA extension:", _extension.cuda_module_status(),
+      "| NVSHMEM loaded", m.nvshmem_loaded_version() if m else None,
+      "compiled", m.nvshmem_compiled_version() if m else None,
+      "QP API", m.has_qp_api() if m else None)
+PY
+note "build time: $(( $(date +%s) - start )) s"
+
+run_tests() {  # $1 = label, $2 = pytest -k expression ("" = all), $3 = test path, rest = env
+  local label=$1 filter=$2 path=$3
+  shift 3
+  local log="$OUT/tests_${label}.log"
+  env "$@" "$PY" -m jax_ep.launch -n 2 -m pytest "$path" -q -p no:cacheprovider \
+      ${filter:+-k "$filter"} > "$log" 2>&1
+  local rc=$?
+  local line
+  line=$(grep -E "^\[rank 0\] .*(passed|failed|error)" "$log" | tail -1)
+  note "tests ($label): rc=$rc ${line#\[rank 0\] }"
+  if [ $rc -ne 0 ]; then
+    status=1
+    grep -E "FAILED|Error|error" "$log" | head -20
+  fi
+}
+
+case "$WHAT" in
+  ll) test_path=tests/gpu/test_ll_gpu.py ;;
+  ht) test_path=tests/gpu/test_ht_gpu.py ;;
+  *) test_path=tests/gpu ;;
+esac
+long_tests="not 1000 and not 10000"
+if [[ "$WHAT" != bench ]]; then
+  run_tests cmdbuf_on "${QUICK:+$long_tests}" "$test_path" XLA_FLAGS="${XLA_FLAGS:-}"
+  run_tests cmdbuf_off "$long_tests" "$test_path" \
+      XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
+fi
+
+bench() {  # $1 = mode, rest = extra flags
+  local mode=$1
+  shift
+  local log
+  log=$(mktemp)
+  "$PY" -m jax_ep.launch -n 2 -m jax_ep.bench --mode "$mode" --out "$OUT/bench_$mode.json" "$@" \
+      > "$log" 2>&1 || { status=1; tail -30 "$log"; }
+  cat "$log" >> "$OUT/bench.log"
+  grep -E "^\[rank 0\] " "$log" | sed 's/^\[rank 0\] //' | sed -n '/^jax_ep bench/,$p' >> "$SUMMARY"
+}
+
+if [[ "$WHAT" == all || "$WHAT" == bench || "$WHAT" == ll ]]; then bench ll; fi
+if [[ ( "$WHAT" == all || "$WHAT" == bench || "$WHAT" == ht ) && -f jax_ep/bench/ht.py ]]; then
+  if [ -n "$QUICK" ]; then bench ht; else bench ht --sweep --plot "$OUT/ht_sweep.png"; fi
+fi
+
+note "total time: $(( $(date +%s) - start )) s"
+echo
+echo "==================== summary ===================="
+cat "$SUMMARY"
+exit $status

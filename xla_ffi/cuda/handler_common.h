@@ -1,0 +1,48 @@
+// Shared decoding and checks of the CUDA FFI handlers.
+#ifndef JAX_EP_XLA_FFI_CUDA_HANDLER_COMMON_H_
+#define JAX_EP_XLA_FFI_CUDA_HANDLER_COMMON_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/runtime.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_ep::ffi_cuda {
+
+namespace ffi = ::xla::ffi;
+
+// One FFI target: the name jax_ep/backends/cuda.py calls, and its handler.
+struct HandlerEntry {
+  const char* name;
+  XLA_FFI_Handler* handler;
+};
+
+// The EpConfig the call was traced with (the FFI attributes num_ranks,
+// num_experts, hidden, max_tokens, num_topk every handler binds).
+struct TracedDims {
+  int64_t num_ranks;
+  int64_t num_experts;
+  int64_t hidden;
+  int64_t max_tokens;
+  int64_t num_topk;
+};
+
+std::string DimsText(const cuda::EpDims& d);
+
+// Checks the runtime is up, sized for the traced config, on this device, and
+// that no earlier fault is pending; returns the runtime.
+ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const TracedDims& traced,
+                                              int32_t device_ordinal, bool need_low_latency,
+                                              bool need_high_throughput);
+
+ffi::Error LaunchError(const char* op, cudaError_t err);
+
+std::string ShapeText(ffi::Span<const int64_t> dims);
+
+}  // namespace jax_ep::ffi_cuda
+
+#endif  // JAX_EP_XLA_FFI_CUDA_HANDLER_COMMON_H_

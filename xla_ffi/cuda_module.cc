@@ -1,0 +1,107 @@
+// nanobind module `jax_ep._jax_ep_cuda`: the CUDA FFI handlers as PyCapsules
+// and the runtime entry points jax_ep/cuda_runtime.py drives (NVSHMEM
+// bootstrap, symmetric buffers, the fault word). Errors raise RuntimeError
+// with the runtime's message.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda/runtime.h"
+#include "xla/ffi/api/c_api.h"
+#include "xla_ffi/cuda/handler_common.h"
+#include "xla_ffi/cuda/ll_handlers.h"
+
+namespace nb = nanobind;
+using jax_ep::cuda::EpDims;
+using jax_ep::cuda::Runtime;
+
+#ifndef JAX_EP_BUILT_WITH_JAXLIB
+#define JAX_EP_BUILT_WITH_JAXLIB "unknown"
+#endif
+
+namespace {
+
+void Check(const std::string& error) {
+  if (!error.empty()) throw std::runtime_error(error);
+}
+
+EpDims MakeDims(int num_ranks, int rank, int num_experts, int hidden, int max_tokens,
+                int num_topk) {
+  if (num_ranks <= 0 || num_experts % num_ranks != 0) {
+    throw std::invalid_argument("num_experts must be a positive multiple of num_ranks");
+  }
+  return EpDims{num_ranks, rank, num_experts, num_experts / num_ranks, hidden, max_tokens,
+                num_topk};
+}
+
+nb::tuple Version(const jax_ep::cuda::NvshmemVersion& v) {
+  return nb::make_tuple(v.major, v.minor, v.patch);
+}
+
+}  // namespace
+
+NB_MODULE(_jax_ep_cuda, m) {
+  m.doc() = "jax_ep CUDA kernels (XLA FFI handlers) and NVSHMEM runtime";
+  m.def("handlers", []() {
+    std::vector<jax_ep::ffi_cuda::HandlerEntry> entries;
+    jax_ep::ffi_cuda::AppendLlHandlers(&entries);
+    nb::dict result;
+    for (const auto& entry : entries) {
+      result[entry.name] = nb::capsule(reinterpret_cast<void*>(entry.handler));
+    }
+    return result;
+  });
+  m.attr("ffi_api_version") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
+  m.attr("built_with_jaxlib") = JAX_EP_BUILT_WITH_JAXLIB;
+  m.def("nvshmem_loaded_version", []() { return Version(Runtime::LoadedVersion()); });
+  m.def("nvshmem_compiled_version", []() { return Version(Runtime::CompiledVersion()); });
+  m.def("has_qp_api", &Runtime::HasQpApi);
+
+  m.def("buffer_layout", [](int num_ranks, int num_experts, int hidden, int max_tokens,
+                            int num_topk, bool low_latency, bool high_throughput,
+                            bool rdma_staging) {
+    const auto layout = jax_ep::cuda::ComputeLayout(
+        MakeDims(num_ranks, 0, num_experts, hidden, max_tokens, num_topk), low_latency,
+        high_throughput, rdma_staging);
+    nb::dict d;
+    d["total"] = layout.total;
+    d["ll_message_bytes"] = layout.ll_message_bytes;
+    d["ht_row_bytes"] = layout.ht_row_bytes;
+    return d;
+  });
+
+  m.def("get_unique_id", []() {
+    std::string uid;
+    Check(Runtime::Get().GetUniqueId(&uid));
+    return nb::bytes(uid.data(), uid.size());
+  });
+  m.def("init", [](int rank, int num_ranks, nb::bytes uid, int device) {
+    Check(Runtime::Get().Init(rank, num_ranks, std::string(uid.c_str(), uid.size()), device));
+  });
+  m.def("probe_peers", []() { return Runtime::Get().ProbePeers(); });
+  m.def("allocate", [](int num_ranks, int rank, int num_experts, int hidden, int max_tokens,
+                       int num_topk, bool low_latency, bool high_throughput, bool rdma_staging,
+                       double timeout_s, int num_sms) {
+    Check(Runtime::Get().Allocate(MakeDims(num_ranks, rank, num_experts, hidden, max_tokens,
+                                           num_topk),
+                                  low_latency, high_throughput, rdma_staging, timeout_s, num_sms));
+  });
+  m.def("release_buffers", []() { Check(Runtime::Get().ReleaseBuffers()); });
+  m.def("finalize", []() { Check(Runtime::Get().Finalize()); });
+  m.def("initialized", []() { return Runtime::Get().initialized(); });
+  m.def("status", []() {
+    const auto s = Runtime::Get().status();
+    nb::dict d;
+    d["code"] = s.code;
+    d["op"] = s.op;
+    d["peer"] = s.peer;
+    d["detail"] = s.detail;
+    d["fault_count"] = s.fault_count;
+    return d;
+  });
+  m.def("clear_status", []() { Runtime::Get().ClearStatus(); });
+}
