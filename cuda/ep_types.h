@@ -11,6 +11,7 @@ namespace jax_ep::cuda {
 // Fault codes of DeviceStatus::code.
 constexpr uint32_t kStatusOk = 0;
 constexpr uint32_t kStatusTimeout = 1;
+constexpr uint32_t kStatusProtocol = 2;  // an LL send issued while another awaits its recv
 
 // Ops named in DeviceStatus::op.
 enum OpCode : uint32_t {
@@ -33,16 +34,19 @@ struct DeviceStatus {
   uint32_t reserved[3];
 };
 
-// Call sequence numbers and the per-launch arrival counters, in device memory.
-// Sequence numbers advance once per call, identically on every rank.
+// Call sequence numbers, send/recv pairing state and the per-launch arrival
+// counters, in device memory. A send advances its sequence number (identically
+// on every rank: all ranks run the same calls in the same order) and hands it
+// to its recv as a *ticket* (a device value, never the host's), so pairing
+// follows data dependencies, not the order XLA happens to schedule calls in.
 struct DeviceCounters {
-  uint32_t ll_dispatch_send_seq;
-  uint32_t ll_dispatch_recv_seq;
-  uint32_t ll_combine_send_seq;
-  uint32_t ll_combine_recv_seq;
+  uint32_t ll_dispatch_seq;         // last LL dispatch send's sequence number
+  uint32_t ll_combine_seq;          // last LL combine send's sequence number
   uint32_t ht_dispatch_seq;
   uint32_t ht_combine_seq;
-  uint32_t ll_dispatch_send_done;
+  uint32_t ll_dispatch_outstanding; // 1 between an LL dispatch send and its recv
+  uint32_t ll_combine_outstanding;  // 1 between an LL combine send and its recv
+  uint32_t ll_dispatch_send_done;   // arrival counters of "last block" epilogues
   uint32_t ll_dispatch_recv_done;
   uint32_t ll_combine_send_done;
   uint32_t ll_combine_recv_done;

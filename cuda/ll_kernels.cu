@@ -30,6 +30,12 @@
 //   6. Wait for combine_flags[p][e] = seq for every e; out[t] = sum over valid k
 //      of w[t,k] * combine_recv[p][e_k][t], accumulated in fp32.
 //
+// Pairing: a send hands its sequence number to its recv as a ticket in device
+// memory (the fused one-call ops launch both kernels from one custom call), so
+// XLA may reorder independent jax_ep calls freely as long as every rank runs the
+// same program. At most one LL send of each kind may await its recv; a second
+// is recorded as a protocol fault (kStatusProtocol).
+//
 // Why no resets: flags carry the call's sequence number (device_common.cuh), and
 // buffers alternate by parity. A peer can write parity p again only two calls
 // later, and it can get there only after it received this rank's data of the
@@ -118,13 +124,13 @@ template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
     ll_dispatch_send(LlContext ctx, const __nv_bfloat16* __restrict__ x,
                      const int32_t* __restrict__ topk_idx, int num_tokens,
-                     int32_t* __restrict__ num_invalid_out) {
+                     int32_t* __restrict__ num_invalid_out, uint32_t* __restrict__ ticket_out) {
   extern __shared__ int4 smem_msg[];
   __shared__ int s_expert[kMaxTopk];
   __shared__ int s_slot[kMaxTopk];
   __shared__ int s_invalid;
   const EpDims d = ctx.dims;
-  const uint32_t seq = ld_volatile_u32(&ctx.counters->ll_dispatch_send_seq) + 1;
+  const uint32_t seq = ld_volatile_u32(&ctx.counters->ll_dispatch_seq) + 1;
   char* recv_base = ctx.buffers.dispatch_recv[seq & 1];
   uint64_t* flags = ctx.buffers.dispatch_flags[seq & 1];
   const size_t msg_bytes = ctx.buffers.message_bytes;
@@ -194,21 +200,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     if (threadIdx.x == 0) {
       *num_invalid_out = s_invalid;
-      ctx.counters->ll_dispatch_send_seq = seq;
+      if (ctx.counters->ll_dispatch_outstanding != 0u) {
+        record_fault(ctx.status, kStatusProtocol, kOpLlDispatch, d.rank, 0);
+      }
+      ctx.counters->ll_dispatch_outstanding = 1u;
+      ctx.counters->ll_dispatch_seq = seq;
+      if (ticket_out != nullptr) *ticket_out = seq;
     }
   }
 }
 
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
-    ll_dispatch_recv(LlContext ctx, int num_tokens, void* __restrict__ out_x,
+    ll_dispatch_recv(LlContext ctx, const uint32_t* __restrict__ ticket, int num_tokens,
+                     void* __restrict__ out_x,
                      float* __restrict__ out_scales, int32_t* __restrict__ out_count,
                      int32_t* __restrict__ out_recv_src) {
   extern __shared__ uint32_t smem_words[];  // bitmap [words] then prefix [words]
   __shared__ int s_count[kMaxRanks];
   __shared__ int s_offset[kMaxRanks + 1];
   const EpDims d = ctx.dims;
-  const uint32_t seq = ld_volatile_u32(&ctx.counters->ll_dispatch_recv_seq) + 1;
+  const uint32_t seq = ld_volatile_u32(ticket);
   const char* recv_base = ctx.buffers.dispatch_recv[seq & 1];
   const uint64_t* flags = ctx.buffers.dispatch_flags[seq & 1];
   const size_t msg_bytes = ctx.buffers.message_bytes;
@@ -283,16 +295,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // s_count / s_offset are rewritten for the next expert
   }
   if (arrive_is_last_block(&ctx.counters->ll_dispatch_recv_done) && threadIdx.x == 0) {
-    ctx.counters->ll_dispatch_recv_seq = seq;
+    ctx.counters->ll_dispatch_outstanding = 0u;
   }
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
     ll_combine_send(LlContext ctx, const __nv_bfloat16* __restrict__ y,
                     const int32_t* __restrict__ recv_src, const int32_t* __restrict__ count,
-                    int num_tokens) {
+                    int num_tokens, uint32_t* __restrict__ ticket_out) {
   const EpDims d = ctx.dims;
-  const uint32_t seq = ld_volatile_u32(&ctx.counters->ll_combine_send_seq) + 1;
+  const uint32_t seq = ld_volatile_u32(&ctx.counters->ll_combine_seq) + 1;
   char* recv_base = ctx.buffers.combine_recv[seq & 1];
   uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
@@ -338,18 +350,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   if (arrive_is_last_block(&ctx.counters->ll_combine_send_done) && threadIdx.x == 0) {
-    ctx.counters->ll_combine_send_seq = seq;
+    if (ctx.counters->ll_combine_outstanding != 0u) {
+      record_fault(ctx.status, kStatusProtocol, kOpLlCombine, d.rank, 0);
+    }
+    ctx.counters->ll_combine_outstanding = 1u;
+    ctx.counters->ll_combine_seq = seq;
+    if (ticket_out != nullptr) *ticket_out = seq;
   }
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    ll_combine_recv(LlContext ctx, const int32_t* __restrict__ topk_idx,
+    ll_combine_recv(LlContext ctx, const uint32_t* __restrict__ ticket,
+                    const int32_t* __restrict__ topk_idx,
                     const float* __restrict__ topk_weights, int num_tokens,
                     __nv_bfloat16* __restrict__ out) {
   __shared__ int s_expert[kMaxTopk];
   __shared__ float s_weight[kMaxTopk];
   const EpDims d = ctx.dims;
-  const uint32_t seq = ld_volatile_u32(&ctx.counters->ll_combine_recv_seq) + 1;
+  const uint32_t seq = ld_volatile_u32(ticket);
   const char* recv_base = ctx.buffers.combine_recv[seq & 1];
   const uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
@@ -387,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
   }
   if (arrive_is_last_block(&ctx.counters->ll_combine_recv_done) && threadIdx.x == 0) {
-    ctx.counters->ll_combine_recv_seq = seq;
+    ctx.counters->ll_combine_outstanding = 0u;
   }
 }
 
@@ -399,46 +417,51 @@ int GridSize(const LlContext& ctx, int work) {
 
 cudaError_t LaunchLlDispatchSend(const LlContext& ctx, const void* x, const int32_t* topk_idx,
                                  int num_tokens, bool use_fp8, int32_t* num_invalid,
-                                 cudaStream_t stream) {
+                                 uint32_t* ticket, cudaStream_t stream) {
   const size_t smem = ctx.buffers.message_bytes;
   const int grid = GridSize(ctx, num_tokens);
   const auto* rows = static_cast<const __nv_bfloat16*>(x);
   if (use_fp8) {
-    ll_dispatch_send<true><<<grid, kThreads, smem, stream>>>(ctx, rows, topk_idx, num_tokens, num_invalid);
+    ll_dispatch_send<true><<<grid, kThreads, smem, stream>>>(ctx, rows, topk_idx, num_tokens,
+                                                             num_invalid, ticket);
   } else {
-    ll_dispatch_send<false><<<grid, kThreads, smem, stream>>>(ctx, rows, topk_idx, num_tokens, num_invalid);
+    ll_dispatch_send<false><<<grid, kThreads, smem, stream>>>(ctx, rows, topk_idx, num_tokens,
+                                                              num_invalid, ticket);
   }
   return cudaGetLastError();
 }
 
-cudaError_t LaunchLlDispatchRecv(const LlContext& ctx, int num_tokens, bool use_fp8, void* out_x,
-                                 float* out_scales, int32_t* out_count, int32_t* out_recv_src,
-                                 cudaStream_t stream) {
+cudaError_t LaunchLlDispatchRecv(const LlContext& ctx, const uint32_t* ticket, int num_tokens,
+                                 bool use_fp8, void* out_x, float* out_scales, int32_t* out_count,
+                                 int32_t* out_recv_src, cudaStream_t stream) {
+  if (ticket == nullptr) ticket = &ctx.counters->ll_dispatch_seq;
   const size_t smem = 2 * sizeof(uint32_t) * ((num_tokens + 31) / 32);
   const int grid = GridSize(ctx, ctx.dims.experts_per_rank);
   if (use_fp8) {
-    ll_dispatch_recv<true><<<grid, kThreads, smem, stream>>>(ctx, num_tokens, out_x, out_scales,
-                                                             out_count, out_recv_src);
+    ll_dispatch_recv<true><<<grid, kThreads, smem, stream>>>(ctx, ticket, num_tokens, out_x,
+                                                             out_scales, out_count, out_recv_src);
   } else {
-    ll_dispatch_recv<false><<<grid, kThreads, smem, stream>>>(ctx, num_tokens, out_x, out_scales,
-                                                              out_count, out_recv_src);
+    ll_dispatch_recv<false><<<grid, kThreads, smem, stream>>>(ctx, ticket, num_tokens, out_x,
+                                                              out_scales, out_count, out_recv_src);
   }
   return cudaGetLastError();
 }
 
 cudaError_t LaunchLlCombineSend(const LlContext& ctx, const void* y, const int32_t* recv_src,
-                                const int32_t* count, int num_tokens, cudaStream_t stream) {
+                                const int32_t* count, int num_tokens, uint32_t* ticket,
+                                cudaStream_t stream) {
   const int grid = GridSize(ctx, ctx.dims.experts_per_rank);
   ll_combine_send<<<grid, kThreads, 0, stream>>>(ctx, static_cast<const __nv_bfloat16*>(y),
-                                                 recv_src, count, num_tokens);
+                                                 recv_src, count, num_tokens, ticket);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchLlCombineRecv(const LlContext& ctx, const int32_t* topk_idx,
-                                const float* topk_weights, int num_tokens, void* out,
-                                cudaStream_t stream) {
+cudaError_t LaunchLlCombineRecv(const LlContext& ctx, const uint32_t* ticket,
+                                const int32_t* topk_idx, const float* topk_weights,
+                                int num_tokens, void* out, cudaStream_t stream) {
+  if (ticket == nullptr) ticket = &ctx.counters->ll_combine_seq;
   const int grid = GridSize(ctx, std::max(num_tokens, 1));
-  ll_combine_recv<<<grid, kThreads, 0, stream>>>(ctx, topk_idx, topk_weights, num_tokens,
+  ll_combine_recv<<<grid, kThreads, 0, stream>>>(ctx, ticket, topk_idx, topk_weights, num_tokens,
                                                  static_cast<__nv_bfloat16*>(out));
   return cudaGetLastError();
 }

@@ -18,8 +18,10 @@ from jax_ep import fp8
 from jax_ep import reference
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError, EpError
-from jax_ep.ops import (combine, dispatch, get_dispatch_layout, low_latency_combine,
-                        low_latency_dispatch)
+from jax_ep.ops import (LowLatencyPending, combine, dispatch, get_dispatch_layout,
+                        low_latency_combine, low_latency_combine_recv, low_latency_combine_send,
+                        low_latency_dispatch, low_latency_dispatch_recv,
+                        low_latency_dispatch_send)
 from jax_ep.buffers import buffer_bytes
 from jax_ep.runtime import finalize, initialize, status
 from jax_ep.runtime import state as runtime_state
@@ -30,7 +32,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "EpConfig", "EpConfigError", "buffer_bytes", "status", "EpError", "DispatchHandle", "DispatchResult",
-    "LowLatencyDispatchResult", "LowLatencyHandle", "combine", "dispatch", "finalize",
-    "fp8", "get_dispatch_layout", "initialize", "low_latency_combine", "low_latency_dispatch",
+    "LowLatencyDispatchResult", "LowLatencyHandle", "LowLatencyPending", "combine", "dispatch", "finalize",
+    "fp8", "get_dispatch_layout", "initialize", "low_latency_combine", "low_latency_combine_recv",
+    "low_latency_combine_send", "low_latency_dispatch", "low_latency_dispatch_recv",
+    "low_latency_dispatch_send",
     "reference", "runtime_state",
 ]

@@ -305,9 +305,9 @@ def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Arr
     raise EpConfigError(f"jax_ep.{op}: topk_idx must be [tokens, {config.num_topk}], "
                         f"got {topk_idx.shape}")
   num_tokens = topk_idx.shape[0]
-  if num_tokens > config.max_tokens_per_rank:
-    raise EpConfigError(f"jax_ep.{op}: {num_tokens} tokens exceed max_tokens_per_rank "
-                        f"{config.max_tokens_per_rank}")
+  if num_tokens != handle.num_tokens:
+    raise EpConfigError(f"jax_ep.{op}: topk_idx has {num_tokens} tokens but the dispatch had "
+                        f"{handle.num_tokens}")
   idx = _validate.topk_indices(topk_idx, num_tokens, config, op)
   weights = _validate.topk_weights(topk_weights, num_tokens, config, op)
   y, idx, weights = _varying(config, y, idx, weights)
@@ -340,3 +340,103 @@ def _ll_combine_bwd(static, residuals, ct):
 
 
 _ll_combine.defvjp(_ll_combine_fwd, _ll_combine_bwd, symbolic_zeros=True)
+
+
+# ====================================================================== LL, split
+# The one-call LL ops split in two so XLA can schedule other work while the rows
+# travel. A send must be followed by its recv before the next send of the same
+# kind (the GPU records a protocol fault otherwise). Not differentiable.
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+  """What a split LL send hands to its recv (a registered pytree)."""
+
+  state: Any          # backend-specific arrays (the ticket on CUDA)
+  config: EpConfig
+  backend: Any
+  use_fp8: bool
+  num_tokens: int
+  handle: Any = None
+
+
+jax.tree_util.register_dataclass(_Pending, data_fields=["state", "handle"],
+                                 meta_fields=["config", "backend", "use_fp8", "num_tokens"])
+LowLatencyPending = _Pending
+
+
+def _no_grad(fn, name: str):
+  """fn with a custom_vjp whose backward raises a clear error."""
+  wrapped = jax.custom_vjp(fn)
+
+  def bwd(*_):
+    raise EpError(f"jax_ep.{name} is not differentiable; use the one-call "
+                  f"{name.rsplit('_', 1)[0]} op where you need gradients")
+
+  wrapped.defvjp(lambda *a: (fn(*a), None), bwd)
+  return wrapped
+
+
+def low_latency_dispatch_send(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
+                              use_fp8: bool = False) -> LowLatencyPending:
+  """First half of low_latency_dispatch: starts sending; returns a pending dispatch.
+
+  Same arguments as low_latency_dispatch. Pass the result to
+  low_latency_dispatch_recv; compute in between overlaps with the transfer.
+  """
+  op = "low_latency_dispatch_send"
+  state, _ = _prepare(op, config)
+  num_tokens = _validate.tokens(x, config, op)
+  idx = _validate.topk_indices(topk_idx, num_tokens, config, op)
+  if use_fp8 and config.hidden % 128:
+    raise EpConfigError(f"jax_ep.{op}: use_fp8 needs hidden to be a multiple of 128")
+  x, idx = _varying(config, x, idx)
+  backend = state.backend
+  sent = _no_grad(lambda x, i: backend.ll_dispatch_send(x, i, config, bool(use_fp8)), op)(x, idx)
+  return _Pending(state=sent, config=config, backend=backend, use_fp8=bool(use_fp8),
+                  num_tokens=num_tokens)
+
+
+def low_latency_dispatch_recv(pending: LowLatencyPending, *,
+                              config: EpConfig) -> LowLatencyDispatchResult:
+  """Second half of low_latency_dispatch: waits for the rows; same result."""
+  op = "low_latency_dispatch_recv"
+  _prepare(op, config)
+  if not isinstance(pending, _Pending) or pending.handle is not None or pending.config != config:
+    raise EpConfigError(f"jax_ep.{op}: pass the result of low_latency_dispatch_send with the "
+                        "same config")
+  fn = lambda s: pending.backend.ll_dispatch_recv(s, config, pending.use_fp8,  # noqa: E731
+                                                  pending.num_tokens)
+  out, scales, count, num_invalid, handle = _no_grad(fn, op)(pending.state)
+  return LowLatencyDispatchResult(x=out, scales=scales, count=count, num_invalid=num_invalid,
+                                  handle=handle)
+
+
+def low_latency_combine_send(y: jax.Array, handle: LowLatencyHandle, *,
+                             config: EpConfig) -> LowLatencyPending:
+  """First half of low_latency_combine: starts returning the rows."""
+  op = "low_latency_combine_send"
+  state, num_ranks = _prepare(op, config)
+  _check_handle(handle, LowLatencyHandle, config, op)
+  rows = num_ranks * config.max_tokens_per_rank
+  if y.shape != (config.experts_per_rank(num_ranks), rows, config.hidden):
+    raise EpConfigError(f"jax_ep.{op}: y must be [E_local, R*T, H], got {y.shape}")
+  (y,) = _varying(config, y)
+  backend = state.backend
+  sent = _no_grad(lambda y, h: backend.ll_combine_send(y, h), op)(y, handle)
+  return _Pending(state=sent, config=config, backend=backend, use_fp8=False,
+                  num_tokens=handle.num_tokens, handle=handle)
+
+
+def low_latency_combine_recv(pending: LowLatencyPending, topk_idx: jax.Array,
+                             topk_weights: jax.Array, *, config: EpConfig) -> jax.Array:
+  """Second half of low_latency_combine: waits and reduces; same result."""
+  op = "low_latency_combine_recv"
+  _prepare(op, config)
+  if not isinstance(pending, _Pending) or pending.handle is None or pending.config != config:
+    raise EpConfigError(f"jax_ep.{op}: pass the result of low_latency_combine_send with the "
+                        "same config")
+  num_tokens = pending.num_tokens
+  idx = _validate.topk_indices(topk_idx, num_tokens, config, op)
+  weights = _validate.topk_weights(topk_weights, num_tokens, config, op)
+  idx, weights = _varying(config, idx, weights)
+  fn = lambda s, i, w, h: pending.backend.ll_combine_recv(s, i, w, h)  # noqa: E731
+  return _no_grad(fn, op)(pending.state, idx, weights, pending.handle)

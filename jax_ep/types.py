@@ -76,7 +76,7 @@ class DispatchResult:
   handle: DispatchHandle
 
 
-@_pytree(data=("recv_src", "count"), meta=("config",))
+@_pytree(data=("recv_src", "count"), meta=("config", "num_tokens"))
 @dataclasses.dataclass(frozen=True)
 class LowLatencyHandle:
   """Layout of one LL dispatch.
@@ -86,11 +86,13 @@ class LowLatencyHandle:
       -1 at and past ``count``.
     count: int32[E_local]: rows received per local expert.
     config: the EpConfig of the dispatch (static).
+    num_tokens: T_local of the dispatch (static; decodes source ids).
   """
 
   recv_src: jax.Array
   count: jax.Array
   config: EpConfig
+  num_tokens: int
 
 
 @_pytree(data=("x", "scales", "count", "num_invalid", "handle"))

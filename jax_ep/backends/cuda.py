@@ -51,58 +51,81 @@ class CudaBackend(XlaBackend):
     num_ranks = jax.lax.axis_size(config.axis_name)
     if config.debug_checks:
       self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index
-    num_invalid = self.ll_dispatch_send(x, topk_idx, config, use_fp8)
-    out, scales, count, recv_src = self.ll_dispatch_recv(
-        num_invalid, num_tokens=x.shape[0], config=config, use_fp8=use_fp8, num_ranks=num_ranks)
-    handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config)
+    results = self._recv_results(config, num_ranks, use_fp8, x) + (result_type((), I32, x),)
+    out, scales, count, recv_src, num_invalid = _call(
+        "jax_ep_ll_dispatch", results, x, topk_idx, use_fp8=bool(use_fp8),
+        **_dims(config, num_ranks))
+    handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config,
+                              num_tokens=x.shape[0])
     return out, scales if use_fp8 else None, count, num_invalid, handle
 
-  def ll_dispatch_send(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig,
-                       use_fp8: bool) -> jax.Array:
-    """Sends the rows; returns num_invalid int32[] (the recv call depends on it)."""
-    num_ranks = jax.lax.axis_size(config.axis_name)
-    return _call("jax_ep_ll_dispatch_send", result_type((), I32, x), x, topk_idx,
-                 use_fp8=bool(use_fp8), **_dims(config, num_ranks))
-
-  def ll_dispatch_recv(self, send_done: jax.Array, *, num_tokens: int, config: EpConfig,
-                       use_fp8: bool, num_ranks: int):
-    """Waits for and compacts the rows: (x, scales, count, recv_src)."""
+  def _recv_results(self, config: EpConfig, num_ranks: int, use_fp8: bool, like: jax.Array):
     experts_per_rank = config.experts_per_rank(num_ranks)
     rows = num_ranks * config.max_tokens_per_rank
     x_dtype = fp8_lib.FP8_DTYPE if use_fp8 else jnp.bfloat16
     scale_width = config.hidden // fp8_lib.GROUP if use_fp8 else 0
-    results = (result_type((experts_per_rank, rows, config.hidden), x_dtype, send_done),
-               result_type((experts_per_rank, rows, scale_width), jnp.float32, send_done),
-               result_type((experts_per_rank,), I32, send_done),
-               result_type((experts_per_rank, rows), I32, send_done))
-    return _call("jax_ep_ll_dispatch_recv", results, send_done, use_fp8=bool(use_fp8),
-                 num_tokens=np.int64(num_tokens), **_dims(config, num_ranks))
+    return (result_type((experts_per_rank, rows, config.hidden), x_dtype, like),
+            result_type((experts_per_rank, rows, scale_width), jnp.float32, like),
+            result_type((experts_per_rank,), I32, like),
+            result_type((experts_per_rank, rows), I32, like))
 
   def ll_combine(self, rows: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
                  handle: LowLatencyHandle) -> jax.Array:
     if rows.ndim != 3 or not self.ll_kernel_supports(rows.dtype, handle.config):
       return super().ll_combine(rows, topk_idx, topk_weights, handle)
-    sent = self.ll_combine_send(rows, handle, num_tokens=topk_idx.shape[0])
-    return self.ll_combine_recv(sent, topk_idx, topk_weights.astype(jnp.float32), handle.config)
-
-  def ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle, *,
-                      num_tokens: int) -> jax.Array:
-    """Returns the rows to their sources; returns a token the recv call depends on."""
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
-    return _call("jax_ep_ll_combine_send", result_type((), I32, rows), rows, handle.recv_src,
-                 handle.count, num_tokens=np.int64(num_tokens), **_dims(config, num_ranks))
+    out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, rows)
+    return _call("jax_ep_ll_combine", out, rows, handle.recv_src, handle.count, topk_idx,
+                 topk_weights.astype(jnp.float32), **_dims(config, num_ranks))
 
-  def ll_combine_recv(self, send_done: jax.Array, topk_idx: jax.Array,
-                      topk_weights: jax.Array, config: EpConfig) -> jax.Array:
+  # ---------------------------------------------------------------- LL, split for overlap
+  def ll_dispatch_send(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig,
+                       use_fp8: bool):
+    """Starts an LL dispatch; returns (num_invalid, ticket) for ll_dispatch_recv."""
+    if not self.ll_kernel_supports(x.dtype, config):
+      return super().ll_dispatch_send(x, topk_idx, config, use_fp8)
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    if config.debug_checks:
+      self.layout(topk_idx, config)
+    return _call("jax_ep_ll_dispatch_send", (result_type((), I32, x), result_type((), I32, x)),
+                 x, topk_idx, use_fp8=bool(use_fp8), **_dims(config, num_ranks))
+
+  def ll_dispatch_recv(self, pending, config: EpConfig, use_fp8: bool, num_tokens: int):
+    """Finishes an LL dispatch: (x, scales or None, count, num_invalid, handle)."""
+    num_invalid, ticket = pending
+    if not isinstance(ticket, jax.Array) or ticket.ndim != 0:
+      return super().ll_dispatch_recv(pending, config, use_fp8, num_tokens)
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    out, scales, count, recv_src = _call(
+        "jax_ep_ll_dispatch_recv", self._recv_results(config, num_ranks, use_fp8, ticket), ticket,
+        use_fp8=bool(use_fp8), num_tokens=np.int64(num_tokens), **_dims(config, num_ranks))
+    handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config,
+                              num_tokens=num_tokens)
+    return out, scales if use_fp8 else None, count, num_invalid, handle
+
+  def ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle):
+    """Starts an LL combine; returns what ll_combine_recv needs."""
+    config = handle.config
+    if rows.ndim != 3 or not self.ll_kernel_supports(rows.dtype, config):
+      return super().ll_combine_send(rows, handle)
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    return _call("jax_ep_ll_combine_send", result_type((), I32, rows), rows, handle.recv_src,
+                 handle.count, num_tokens=np.int64(handle.num_tokens), **_dims(config, num_ranks))
+
+  def ll_combine_recv(self, pending, topk_idx: jax.Array, topk_weights: jax.Array,
+                      handle: LowLatencyHandle) -> jax.Array:
+    if not isinstance(pending, jax.Array) or pending.ndim != 0:
+      return super().ll_combine_recv(pending, topk_idx, topk_weights, handle)
+    config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
     out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, topk_idx)
-    return _call("jax_ep_ll_combine_recv", out, send_done, topk_idx, topk_weights,
-                 **_dims(config, num_ranks))
+    return _call("jax_ep_ll_combine_recv", out, pending, topk_idx,
+                 topk_weights.astype(jnp.float32), **_dims(config, num_ranks))
 
 
 def lowering_check_targets() -> tuple[str, ...]:
   """FFI targets the CUDA backend emits (tests look for them in lowered HLO)."""
-  return ("jax_ep_ll_dispatch_send", "jax_ep_ll_dispatch_recv", "jax_ep_ll_combine_send",
-          "jax_ep_ll_combine_recv")
+  return ("jax_ep_ll_dispatch", "jax_ep_ll_combine", "jax_ep_ll_dispatch_send",
+          "jax_ep_ll_dispatch_recv", "jax_ep_ll_combine_send", "jax_ep_ll_combine_recv")
 

@@ -139,9 +139,28 @@ class XlaBackend:
       gathered = local_ops.gather_rows(
           received.reshape((-1,) + row_shape), gather_index.reshape(-1))
       outs.append(gathered.reshape((experts_per_rank, rows_per_expert) + row_shape))
-    handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config)
+    handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config,
+                              num_tokens=num_tokens)
     scales = outs[1] if use_fp8 else None
     return outs[0], scales, count, num_invalid, handle
+
+  # Split LL ops: the portable exchange is one all_to_all, so the dispatch
+  # happens in its send half and the combine in its recv half.
+  def ll_dispatch_send(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig,
+                       use_fp8: bool):
+    return self.ll_dispatch(x, topk_idx, config, use_fp8)
+
+  def ll_dispatch_recv(self, pending, config: EpConfig, use_fp8: bool, num_tokens: int):
+    del config, use_fp8, num_tokens
+    return pending
+
+  def ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle):
+    del handle
+    return rows
+
+  def ll_combine_recv(self, pending, topk_idx: jax.Array, topk_weights: jax.Array,
+                      handle: LowLatencyHandle) -> jax.Array:
+    return self.ll_combine(pending, topk_idx, topk_weights, handle)
 
   def ll_combine(self, rows: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
                  handle: LowLatencyHandle) -> jax.Array:

@@ -55,7 +55,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     return lambda x, idx: portable.ll_dispatch(x, idx, config, use_fp8)[0]
 
   def handle(recv_src, count):
-    return LowLatencyHandle(recv_src=recv_src, count=count, config=config)
+    return LowLatencyHandle(recv_src=recv_src, count=count, config=config, num_tokens=tokens)
 
   def ours_combine(y, idx, w, recv_src, count):
     return jax_ep.low_latency_combine(y, idx, w, handle(recv_src, count), config=config)

@@ -47,8 +47,7 @@ def test_low_latency_ops_lower_to_the_cuda_targets(use_fp8):
                          ((16, 4), jnp.float32))
   calls = _custom_calls(text)
   targets = [re.search(r"@(\w+)", c).group(1) for c in calls]
-  assert targets == ["jax_ep_ll_dispatch_send", "jax_ep_ll_dispatch_recv",
-                     "jax_ep_ll_combine_send", "jax_ep_ll_combine_recv"], targets
+  assert targets == ["jax_ep_ll_dispatch", "jax_ep_ll_combine"], targets
   for call in calls:
     assert "has_side_effect = true" in call
     assert _attr(call, "num_experts") == "16 : i64"
@@ -57,14 +56,39 @@ def test_low_latency_ops_lower_to_the_cuda_targets(use_fp8):
     assert _attr(call, "num_topk") == "4 : i64"
     assert _attr(call, "num_ranks") == "2 : i64"
   assert _attr(calls[0], "use_fp8") == ("true" if use_fp8 else "false")
-  assert _attr(calls[1], "num_tokens") == "8 : i64"
-  # The recv result types: x [E_local, R*T, H], scales, count, recv_src.
+  # The dispatch's results: x [E_local, R*T, H], scales, count, recv_src, num_invalid.
   x_type = "f8E4M3FN" if use_fp8 else "bf16"
-  assert f"tensor<8x16x256x{x_type}>" in calls[1]
-  assert "tensor<8xi32>" in calls[1] and "tensor<8x16xi32>" in calls[1]
-  assert "tensor<8x256xbf16>" in calls[3]
+  scales = "tensor<8x16x2xf32>" if use_fp8 else "tensor<8x16x0xf32>"
+  assert f"-> (tensor<8x16x256x{x_type}>, {scales}, tensor<8xi32>, tensor<8x16xi32>, " \
+         "tensor<i32>)" in calls[0], calls[0]
+  # The combine's operands: rows, recv_src, count, topk_idx, topk_weights.
+  assert ("(tensor<8x16x256xbf16>, tensor<8x16xi32>, tensor<8xi32>, tensor<8x4xi32>, "
+          "tensor<8x4xf32>) -> tensor<8x256xbf16>") in calls[1], calls[1]
   # No CPU handler and no collective sneaks into the CUDA lowering of these ops.
   assert "jax_ep_cpu_" not in text and "all_to_all" not in text
+
+
+def test_split_low_latency_ops_lower_to_send_and_recv_tied_by_a_ticket():
+  def fn(x, idx, w):
+    pending = jax_ep.low_latency_dispatch_send(x, idx, config=CONFIG)
+    d = jax_ep.low_latency_dispatch_recv(pending, config=CONFIG)
+    sent = jax_ep.low_latency_combine_send(d.x, d.handle, config=CONFIG)
+    return jax_ep.low_latency_combine_recv(sent, idx, w, config=CONFIG)
+
+  text = _lower_for_cuda(fn, ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
+                         ((16, 4), jnp.float32))
+  calls = _custom_calls(text)
+  targets = [re.search(r"@(\w+)", c).group(1) for c in calls]
+  assert targets == ["jax_ep_ll_dispatch_send", "jax_ep_ll_dispatch_recv",
+                     "jax_ep_ll_combine_send", "jax_ep_ll_combine_recv"], targets
+  # Each recv takes its send's ticket: dispatch_send's second result, combine_send's result.
+  dispatch_send = re.match(r"\s*(%\w+):2 = ", calls[0]).group(1)
+  assert f"@jax_ep_ll_dispatch_recv({dispatch_send}#1)" in calls[1]
+  combine_send = re.match(r"\s*(%\w+) = ", calls[2]).group(1)
+  assert f"@jax_ep_ll_combine_recv({combine_send}, " in calls[3]
+  assert "-> (tensor<i32>, tensor<i32>)" in calls[0]
+  assert _attr(calls[1], "num_tokens") == "8 : i64"
+  assert _attr(calls[2], "num_tokens") == "8 : i64"
 
 
 def test_portable_payloads_stay_portable_on_cuda():

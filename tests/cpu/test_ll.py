@@ -118,3 +118,41 @@ def test_no_tokens_and_all_to_one_expert():
     else:
       np.testing.assert_array_equal(d.count, [[0, 0], [0, 0], [0, 16], [0, 0]])
       np.testing.assert_array_equal(bits(d.x[2, 1, :16]), bits(x))
+
+
+def test_split_ops_match_the_one_call_ops():
+  rng = np.random.default_rng(21)
+  config, mesh = setup(4, num_experts=16, hidden=128, max_tokens_per_rank=6, num_topk=3)
+  x = random_rows(rng, (20, 128), jnp.bfloat16)
+  idx = _routing(rng, 4, 5, 3, 16)
+  w = rng.random((20, 3), np.float32)
+
+  def fn(x, idx, w):
+    pending = jax_ep.low_latency_dispatch_send(x, idx, config=config)
+    shared = jnp.tanh(x.astype(jnp.float32))          # work between send and recv
+    d = jax_ep.low_latency_dispatch_recv(pending, config=config)
+    sent = jax_ep.low_latency_combine_send(d.x, d.handle, config=config)
+    out = jax_ep.low_latency_combine_recv(sent, idx, w, config=config)
+    one = jax_ep.low_latency_dispatch(x, idx, config=config)
+    ref = jax_ep.low_latency_combine(one.x, idx, w, one.handle, config=config)
+    return d, one, out, ref, shared
+
+  d, one, out, ref, _ = run_per_shard(fn, mesh, x, idx, w)
+  np.testing.assert_array_equal(d.count, one.count)
+  np.testing.assert_array_equal(bits(d.x), bits(one.x))
+  np.testing.assert_array_equal(bits(out), bits(ref))
+
+
+def test_split_ops_are_not_differentiable():
+  config, mesh = setup(2, num_experts=4, hidden=128, max_tokens_per_rank=2, num_topk=1)
+
+  def loss(x, idx):
+    d = jax_ep.low_latency_dispatch_recv(
+        jax_ep.low_latency_dispatch_send(x, idx, config=config), config=config)
+    return jnp.sum(d.x.astype(jnp.float32))[None]
+
+  def per_shard(x, idx):
+    return jax.grad(lambda x: loss(x, idx)[0])(x)
+
+  with pytest.raises(jax_ep.EpError, match="not differentiable"):
+    run_per_shard(per_shard, mesh, np.ones((4, 128), np.float32), np.zeros((4, 1), np.int32))
