@@ -55,6 +55,18 @@ struct DeviceCounters {
   uint32_t reserved[4];
 };
 
+// Optional in-kernel timing (JAX_EP_PROFILE=1 at initialisation), per LL
+// kernel k (0 dispatch send, 1 dispatch recv, 2 combine send, 3 combine recv),
+// from %globaltimer: block 0 stamps the start, the last block adds the duration.
+struct DeviceProfile {
+  uint64_t start[4];
+  uint64_t end[4];
+  uint64_t total_ns[4];     // sum of (end - start)
+  uint64_t wait_ns[4];      // recv kernels: block 0's time until its flags arrived
+  uint64_t gap_ns[4];       // recv kernels: start - the matching send's end
+  uint64_t calls[4];
+};
+
 // Sizes of one configuration on this EP group.
 struct EpDims {
   int32_t num_ranks;        // R
@@ -101,6 +113,7 @@ struct LlContext {
   DeviceStatus* status;         // host-mapped
   int32_t* slot_counters;       // [E] device memory, zero between calls
   const int* qp_handles;        // [E_local] device memory (RDMA QP per local expert) or null
+  DeviceProfile* profile;       // device memory, or null (profiling off)
   uint64_t timeout_ns;
   int num_sms;
 };

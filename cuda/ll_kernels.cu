@@ -61,6 +61,28 @@ constexpr int kMaxRanks = 1024;
 constexpr float kFp8Max = 448.0f;
 constexpr float kMinAmax = 1e-4f;
 
+// Profiling hooks (no-ops when ctx.profile is null).
+__device__ __forceinline__ void profile_start(const LlContext& ctx, int k) {
+  if (ctx.profile != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    const uint64_t now = global_timer_ns();
+    ctx.profile->start[k] = now;
+    if (k % 2 == 1) ctx.profile->gap_ns[k] += now - ctx.profile->end[k - 1];
+  }
+}
+__device__ __forceinline__ void profile_waited(const LlContext& ctx, int k) {
+  if (ctx.profile != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    ctx.profile->wait_ns[k] += global_timer_ns() - ctx.profile->start[k];
+  }
+}
+__device__ __forceinline__ void profile_end(const LlContext& ctx, int k) {  // last block only
+  if (ctx.profile != nullptr && threadIdx.x == 0) {
+    const uint64_t now = global_timer_ns();
+    ctx.profile->end[k] = now;
+    ctx.profile->total_ns[k] += now - ctx.profile->start[k];
+    ctx.profile->calls[k] += 1;
+  }
+}
+
 __device__ __forceinline__ bool valid_expert(int e, int num_experts) {
   return e >= 0 && e < num_experts;
 }
@@ -136,6 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const size_t msg_bytes = ctx.buffers.message_bytes;
   char* msg = reinterpret_cast<char*>(smem_msg);
   bool used_rdma = false;
+  profile_start(ctx, 0);
 
   for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
     if (threadIdx.x < d.num_topk) {
@@ -207,6 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ctx.counters->ll_dispatch_seq = seq;
       if (ticket_out != nullptr) *ticket_out = seq;
     }
+    profile_end(ctx, 0);
   }
 }
 
@@ -229,6 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t* bitmap = smem_words;
   uint32_t* prefix = smem_words + words;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  profile_start(ctx, 1);
 
   for (int le = blockIdx.x; le < d.experts_per_rank; le += gridDim.x) {
     for (int s = threadIdx.x; s < d.num_ranks; s += blockDim.x) {
@@ -237,6 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       s_count[s] = (n == kFlagTimedOut) ? 0 : static_cast<int>(min(n, static_cast<uint32_t>(num_tokens)));
     }
     __syncthreads();
+    if (le == blockIdx.x) profile_waited(ctx, 1);
     if (threadIdx.x == 0) {
       int total = 0;
       for (int s = 0; s < d.num_ranks; ++s) {
@@ -296,6 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (arrive_is_last_block(&ctx.counters->ll_dispatch_recv_done) && threadIdx.x == 0) {
     ctx.counters->ll_dispatch_outstanding = 0u;
+    profile_end(ctx, 1);
   }
 }
 
@@ -311,6 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int rows_per_expert = d.num_ranks * d.max_tokens;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   bool used_rdma = false;
+  profile_start(ctx, 2);
 
   for (int le = blockIdx.x; le < d.experts_per_rank; le += gridDim.x) {
     const int e = d.rank * d.experts_per_rank + le;
@@ -356,6 +384,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ctx.counters->ll_combine_outstanding = 1u;
     ctx.counters->ll_combine_seq = seq;
     if (ticket_out != nullptr) *ticket_out = seq;
+    profile_end(ctx, 2);
   }
 }
 
@@ -371,12 +400,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const char* recv_base = ctx.buffers.combine_recv[seq & 1];
   const uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
+  profile_start(ctx, 3);
 
   for (int e = threadIdx.x; e < d.num_experts; e += blockDim.x) {
     wait_flag(flags + e, seq, ctx.timeout_ns, ctx.status, kOpLlCombine, e / d.experts_per_rank,
               e % d.experts_per_rank);
   }
   __syncthreads();
+  profile_waited(ctx, 3);
   for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
     if (threadIdx.x < d.num_topk) {
       const int e = topk_idx[t * d.num_topk + threadIdx.x];
@@ -406,6 +437,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (arrive_is_last_block(&ctx.counters->ll_combine_recv_done) && threadIdx.x == 0) {
     ctx.counters->ll_combine_outstanding = 0u;
+    profile_end(ctx, 3);
   }
 }
 

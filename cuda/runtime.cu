@@ -10,6 +10,7 @@
 #include <nvshmem.h>
 #include <nvshmemx.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -162,6 +163,12 @@ std::string Runtime::Init(int rank, int num_ranks, const std::string& uid, int d
   err = cudaMalloc(reinterpret_cast<void**>(&counters_), sizeof(DeviceCounters));
   if (err == cudaSuccess) err = cudaMemset(counters_, 0, sizeof(DeviceCounters));
   if (err != cudaSuccess) return CudaError("cudaMalloc (counters)", err);
+  const char* profile_env = std::getenv("JAX_EP_PROFILE");
+  if (profile_env != nullptr && std::string(profile_env) == "1") {
+    err = cudaMalloc(reinterpret_cast<void**>(&profile_), sizeof(DeviceProfile));
+    if (err == cudaSuccess) err = cudaMemset(profile_, 0, sizeof(DeviceProfile));
+    if (err != cudaSuccess) return CudaError("cudaMalloc (profile)", err);
+  }
   probe_ = static_cast<char*>(nvshmem_malloc(kAlign));
   if (probe_ == nullptr) return "jax_ep: nvshmem_malloc of the peer probe failed";
   err = PrepareLlKernels();
@@ -240,6 +247,7 @@ std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_th
   ll_.status = status_device_;
   ll_.slot_counters = slot_counters_;
   ll_.qp_handles = qp_handles_;
+  ll_.profile = profile_;
   ll_.timeout_ns = timeout_ns;
   ll_.num_sms = num_sms_;
   if (low_latency) {
@@ -316,6 +324,15 @@ DeviceStatus Runtime::status() const {
     std::memcpy(&snapshot, const_cast<const DeviceStatus*>(status_host_), sizeof(snapshot));
   }
   return snapshot;
+}
+
+std::string Runtime::ReadProfile(DeviceProfile* out) {
+  std::memset(out, 0, sizeof(*out));
+  if (profile_ == nullptr) return "jax_ep: profiling is off (set JAX_EP_PROFILE=1 before initialize)";
+  cudaError_t err = cudaDeviceSynchronize();
+  if (err == cudaSuccess) err = cudaMemcpy(out, profile_, sizeof(*out), cudaMemcpyDeviceToHost);
+  if (err == cudaSuccess) err = cudaMemset(profile_, 0, sizeof(DeviceProfile));
+  return err == cudaSuccess ? "" : CudaError("reading the profile", err);
 }
 
 void Runtime::ClearStatus() {

@@ -91,6 +91,8 @@ class Runtime {
   DeviceStatus status() const;
   // Clears the fault word (after the host reported it).
   void ClearStatus();
+  // Reads and resets the in-kernel profile (JAX_EP_PROFILE=1); synchronises.
+  std::string ReadProfile(DeviceProfile* out);
 
  private:
   Runtime() = default;
@@ -111,6 +113,7 @@ class Runtime {
   DeviceCounters* counters_ = nullptr;
   int32_t* slot_counters_ = nullptr;
   int* qp_handles_ = nullptr;
+  DeviceProfile* profile_ = nullptr;
 };
 
 }  // namespace jax_ep::cuda

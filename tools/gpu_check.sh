@@ -55,7 +55,7 @@ run_tests() {  # $1 = label, $2 = pytest -k expression ("" = all), $3 = test pat
       ${filter:+-k "$filter"} > "$log" 2>&1
   local rc=$?
   local line
-  line=$(grep -E "^\[rank 0\] .*(passed|failed|error)" "$log" | tail -1)
+  line=$(grep -E "^\[rank 0\] .*[0-9]+ (passed|failed|error)" "$log" | tail -1)
   note "tests ($label): rc=$rc ${line#\[rank 0\] }"
   if [ $rc -ne 0 ]; then
     status=1

@@ -104,4 +104,22 @@ NB_MODULE(_jax_ep_cuda, m) {
     return d;
   });
   m.def("clear_status", []() { Runtime::Get().ClearStatus(); });
+  m.def("read_profile", []() {
+    jax_ep::cuda::DeviceProfile p;
+    Check(Runtime::Get().ReadProfile(&p));
+    const char* names[4] = {"ll_dispatch_send", "ll_dispatch_recv", "ll_combine_send",
+                            "ll_combine_recv"};
+    nb::dict d;
+    for (int k = 0; k < 4; ++k) {
+      if (p.calls[k] == 0) continue;
+      const double n = static_cast<double>(p.calls[k]);
+      nb::dict e;
+      e["calls"] = p.calls[k];
+      e["kernel_us"] = p.total_ns[k] / n / 1e3;
+      e["wait_us"] = p.wait_ns[k] / n / 1e3;
+      e["gap_after_send_us"] = p.gap_ns[k] / n / 1e3;
+      d[names[k]] = e;
+    }
+    return d;
+  });
 }

@@ -47,6 +47,12 @@ def main(argv):
   if jax.process_index() == 0:
     common.print_table(rows, f"jax_ep bench --mode {FLAGS.mode} on {results['device']} "
                              f"({results['date']}): {meta}")
+    if meta.get("kernel_profile"):
+      print("in-kernel profile (rank 0, us per call):")
+      for label, kernels in meta["kernel_profile"].items():
+        print(f"  {label}: " + "; ".join(
+            f"{k} kernel {v['kernel_us']:.1f} wait {v['wait_us']:.1f} gap {v['gap_after_send_us']:.1f}"
+            for k, v in kernels.items()))
     if FLAGS.out:
       common.write_json(FLAGS.out, results)
   jax_ep.finalize()

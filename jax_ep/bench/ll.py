@@ -8,6 +8,8 @@ needs), timed the same way in the same run, plus the bare all_to_all of one
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,11 +70,20 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
 
   t = lambda op, *args: timing.time_per_call(op, mesh, args, num_calls, repeats)  # noqa: E731
   ours_name = f"jax_ep ({jax_ep.runtime_state().backend_name} backend)"
+  profiles = {}
+
+  def profiled(label, op, *args):
+    """Times ours; with JAX_EP_PROFILE=1 also keeps the in-kernel breakdown."""
+    result = t(op, *args)
+    cuda = jax_ep.runtime_state().cuda
+    if cuda is not None and os.environ.get("JAX_EP_PROFILE") == "1":
+      profiles[label] = cuda.module.read_profile()
+    return result
   bytes_fp8 = hidden + 4 * (hidden // 128)
   bytes_bf16 = 2 * hidden
   rows: list[Row] = []
   for use_fp8, row_bytes, label in ((True, bytes_fp8, "FP8"), (False, bytes_bf16, "BF16")):
-    ours = t(ours_dispatch(use_fp8), x, idx)
+    ours = profiled(f"dispatch {label}", ours_dispatch(use_fp8), x, idx)
     base = t(base_dispatch(use_fp8), x, idx)
     for system, res, baseline in ((ours_name, ours, base.median_us),
                                   ("all_to_all (portable)", base, None)):
@@ -82,7 +93,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
                       nvlink_gbps=remote_rows * row_bytes / us / 1e3,
                       baseline_us=timing.gather_max(baseline) if baseline else None))
   y_local = y.reshape(experts_per_rank, num_ranks * tokens, hidden)
-  ours = t(ours_combine, y_local, idx, w, recv_src, count)
+  ours = profiled("combine BF16", ours_combine, y_local, idx, w, recv_src, count)
   base = t(base_combine, y_local, idx, w, recv_src, count)
   for system, res, baseline in ((ours_name, ours, base.median_us),
                                 ("all_to_all (portable)", base, None)):
@@ -90,6 +101,16 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     rows.append(Row("LL combine BF16", system, us, gbps=recv_rows * bytes_bf16 / us / 1e3,
                     nvlink_gbps=remote_rows * bytes_bf16 / us / 1e3,
                     baseline_us=timing.gather_max(baseline) if baseline else None))
+  # The protocol's fixed cost: the same calls moving no rows.
+  nothing = np.full_like(idx, -1)
+  empty_dispatch = profiled("dispatch, no rows", ours_dispatch(False), x, nothing)
+  rows.append(Row("LL dispatch, no rows", ours_name, timing.gather_max(empty_dispatch.median_us),
+                  note="all top-k entries -1: launch, flags and waits only"))
+  empty_recv_src = np.full_like(recv_src, -1)
+  empty_combine = profiled("combine, no rows", ours_combine, y_local, nothing, w, empty_recv_src,
+                           np.zeros_like(count))
+  rows.append(Row("LL combine, no rows", ours_name, timing.gather_max(empty_combine.median_us),
+                  note="no rows: launch, flags and waits only"))
   bare = t(bare_all_to_all, np.tile(x, (num_ranks, 1)))
   rows.append(Row(f"bare all_to_all [R,{tokens},H]", "jax.lax.all_to_all", 
                   timing.gather_max(bare.median_us),
@@ -97,5 +118,6 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
                   note="each token once per rank, no routing or packing"))
   meta = dict(tokens_per_rank=tokens, hidden=hidden, num_experts=num_experts, topk=num_topk,
               num_ranks=num_ranks, received_rows_rank0_or_self=recv_rows,
-              remote_rows=remote_rows, num_calls=num_calls, repeats=repeats)
+              remote_rows=remote_rows, num_calls=num_calls, repeats=repeats,
+              kernel_profile_rank=rank, kernel_profile=profiles)
   return rows, meta

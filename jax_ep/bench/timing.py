@@ -37,9 +37,10 @@ def loop_of(op: Callable, num_calls: int) -> Callable:
   def looped(*args):
     def body(i, acc):
       pinned = jax.lax.optimization_barrier((args, i))[0]
-      out = op(*pinned)
+      # The barrier makes XLA produce the whole result (it cannot slice or
+      # simplify through it); one element then keeps the call live.
+      out = jax.lax.optimization_barrier(op(*pinned))
       leaf = jax.tree.leaves(out)[0]
-      # One element of the result keeps every call live without adding work.
       return acc + leaf.reshape(-1)[0].astype(jnp.float32)
     init = jax.lax.pcast(jnp.float32(0), "ep", to="varying")
     return jax.lax.fori_loop(0, num_calls, body, init, unroll=True)
