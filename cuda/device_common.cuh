@@ -94,6 +94,9 @@ __device__ __forceinline__ uint32_t wait_flag(const uint64_t* flag, uint32_t seq
   while (true) {
     value = ld_acquire_sys(flag);
     if (flag_seq(value) == seq) return flag_value(value);
+    // Back off a little after the first polls: many pollers slow the very
+    // NVLink writes they are waiting for.
+    if (polls > 64u) __nanosleep(32);
     if ((++polls & 1023u) == 0u) {
       if (fault_recorded(status)) return kFlagTimedOut;
       if (global_timer_ns() - start > timeout_ns) {

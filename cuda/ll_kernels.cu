@@ -402,20 +402,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
   profile_start(ctx, 3);
 
-  for (int e = threadIdx.x; e < d.num_experts; e += blockDim.x) {
-    wait_flag(flags + e, seq, ctx.timeout_ns, ctx.status, kOpLlCombine, e / d.experts_per_rank,
-              e % d.experts_per_rank);
-  }
-  __syncthreads();
-  profile_waited(ctx, 3);
   for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
     if (threadIdx.x < d.num_topk) {
+      // Wait only for the experts this token uses (few pollers: polling every
+      // flag from every block slows the peers' incoming NVLink writes).
       const int e = topk_idx[t * d.num_topk + threadIdx.x];
       const bool valid = valid_expert(e, d.num_experts);
+      if (valid) {
+        wait_flag(flags + e, seq, ctx.timeout_ns, ctx.status, kOpLlCombine,
+                  e / d.experts_per_rank, e % d.experts_per_rank);
+      }
       s_expert[threadIdx.x] = valid ? e : -1;
       s_weight[threadIdx.x] = valid ? topk_weights[t * d.num_topk + threadIdx.x] : 0.0f;
     }
     __syncthreads();
+    if (t == blockIdx.x) profile_waited(ctx, 3);
     for (int v = threadIdx.x; v < d.hidden / 8; v += blockDim.x) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int k = 0; k < d.num_topk; ++k) {

@@ -49,8 +49,12 @@ def loop_of(op: Callable, num_calls: int) -> Callable:
 
 
 def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
-                  num_calls: int = 100, repeats: int = 7) -> Timing:
-  """Median per-call time (us) of ``per_shard_op`` inside jit(shard_map), per rank."""
+                  num_calls: int = 100, repeats: int = 7,
+                  after_warmup: Callable[[], None] | None = None) -> Timing:
+  """Median per-call time (us) of ``per_shard_op`` inside jit(shard_map), per rank.
+
+  ``after_warmup`` runs between the warm-up and the timed executions.
+  """
   looped = loop_of(per_shard_op, num_calls)
   fn = jax.jit(jax.shard_map(lambda *a: looped(*a)[None], mesh=mesh, in_specs=P("ep"),
                              out_specs=P("ep")))
@@ -59,6 +63,8 @@ def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
       sharding, a, (a.shape[0] * jax.device_count(),) + a.shape[1:]) for a in local_args]
   jax.block_until_ready(fn(*args))  # compile + warm up
   jax.block_until_ready(fn(*args))
+  if after_warmup is not None:
+    after_warmup()
   samples = []
   for _ in range(repeats):
     start = time.perf_counter()
