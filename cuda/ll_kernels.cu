@@ -59,6 +59,7 @@ constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kMaxTopk = 32;
 constexpr int kMaxRanks = 1024;
 constexpr float kFp8Max = 448.0f;
+constexpr size_t kMaxDynamicSmem = 200 * 1024;
 constexpr float kMinAmax = 1e-4f;
 
 // Profiling hooks (no-ops when ctx.profile is null).
@@ -85,6 +86,26 @@ __device__ __forceinline__ void profile_end(const LlContext& ctx, int k) {  // l
 
 __device__ __forceinline__ bool valid_expert(int e, int num_experts) {
   return e >= 0 && e < num_experts;
+}
+
+// Warp-collective copy of `num_vec` int4 from global memory (read-only during
+// the kernel) to `dst`: batches of kUnroll independent loads before their
+// stores, so each lane keeps several loads in flight.
+template <int kUnroll = 8>
+__device__ __forceinline__ void warp_copy(int4* dst, const int4* src, int num_vec, int lane) {
+  for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
+    int4 tmp[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int v = base + u * kWarpSize + lane;
+      if (v < num_vec) tmp[u] = ld_nc_v4(src + v);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int v = base + u * kWarpSize + lane;
+      if (v < num_vec) st_na_v4(dst + v, tmp[u]);
+    }
+  }
 }
 
 // Copies `num_vec` int4 from shared memory to `dst` with the whole block.
@@ -240,7 +261,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                      void* __restrict__ out_x,
                      float* __restrict__ out_scales, int32_t* __restrict__ out_count,
                      int32_t* __restrict__ out_recv_src) {
-  extern __shared__ uint32_t smem_words[];  // bitmap [words] then prefix [words]
+  // Per source s: bitmap[s][words] of arrived token ids, prefix[s][words]
+  // (popcount of the words before) -> a row's output position without sorting.
+  extern __shared__ uint32_t smem_words[];
   __shared__ int s_count[kMaxRanks];
   __shared__ int s_offset[kMaxRanks + 1];
   const EpDims d = ctx.dims;
@@ -251,11 +274,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int rows_per_expert = d.num_ranks * d.max_tokens;
   const int words = (num_tokens + 31) / 32;
   uint32_t* bitmap = smem_words;
-  uint32_t* prefix = smem_words + words;
+  uint32_t* prefix = smem_words + d.num_ranks * words;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int num_warps = blockDim.x / kWarpSize;
   profile_start(ctx, 1);
 
   for (int le = blockIdx.x; le < d.experts_per_rank; le += gridDim.x) {
+    const char* expert_base = recv_base + static_cast<size_t>(le) * d.num_ranks * d.max_tokens * msg_bytes;
+    for (int i = threadIdx.x; i < d.num_ranks * words; i += blockDim.x) bitmap[i] = 0u;
     for (int s = threadIdx.x; s < d.num_ranks; s += blockDim.x) {
       const uint32_t n = wait_flag(flags + static_cast<size_t>(le) * d.num_ranks + s, seq,
                                    ctx.timeout_ns, ctx.status, kOpLlDispatch, s, le);
@@ -272,53 +298,51 @@ __global__ void __launch_bounds__(kThreads, 1)
       s_offset[d.num_ranks] = total;
       out_count[le] = total;
     }
+    // Token ids of every arrived row, all sources at once.
+    for (int s = 0; s < d.num_ranks; ++s) {
+      const char* block = expert_base + static_cast<size_t>(s) * d.max_tokens * msg_bytes;
+      for (int i = threadIdx.x; i < s_count[s]; i += blockDim.x) {
+        const int t = ld_nc_v4(reinterpret_cast<const int4*>(block + i * msg_bytes)).x;
+        if (t >= 0 && t < num_tokens) atomicOr(bitmap + s * words + t / 32, 1u << (t % 32));
+      }
+    }
     __syncthreads();
+    for (int s = threadIdx.x; s < d.num_ranks; s += blockDim.x) {
+      uint32_t running = 0;
+      for (int i = 0; i < words; ++i) {
+        prefix[s * words + i] = running;
+        running += __popc(bitmap[s * words + i]);
+      }
+    }
     const int total = s_offset[d.num_ranks];
     int32_t* recv_src = out_recv_src + static_cast<size_t>(le) * rows_per_expert;
     for (int row = total + threadIdx.x; row < rows_per_expert; row += blockDim.x) recv_src[row] = -1;
-
+    __syncthreads();
+    // One warp per row, all sources at once.
     for (int s = 0; s < d.num_ranks; ++s) {
-      const int n = s_count[s];
-      if (n == 0) continue;
-      const char* block = recv_base + (static_cast<size_t>(le) * d.num_ranks + s) * d.max_tokens * msg_bytes;
-      for (int i = threadIdx.x; i < words; i += blockDim.x) bitmap[i] = 0u;
-      __syncthreads();
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int t = ld_nc_v4(reinterpret_cast<const int4*>(block + i * msg_bytes)).x;
-        if (t >= 0 && t < num_tokens) atomicOr(bitmap + t / 32, 1u << (t % 32));
-      }
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        uint32_t running = 0;
-        for (int i = 0; i < words; ++i) {
-          prefix[i] = running;
-          running += __popc(bitmap[i]);
-        }
-      }
-      __syncthreads();
-      // One warp per row.
-      for (int i = warp; i < n; i += kWarps) {
+      const char* block = expert_base + static_cast<size_t>(s) * d.max_tokens * msg_bytes;
+      const uint32_t* bits = bitmap + s * words;
+      for (int i = warp; i < s_count[s]; i += num_warps) {
         const char* message = block + i * msg_bytes;
         const int t = ld_nc_v4(reinterpret_cast<const int4*>(message)).x;
         if (t < 0 || t >= num_tokens) continue;
-        const int pos = prefix[t / 32] + __popc(bitmap[t / 32] & ((1u << (t % 32)) - 1u));
+        const int pos = prefix[s * words + t / 32] + __popc(bits[t / 32] & ((1u << (t % 32)) - 1u));
         const size_t out_row = static_cast<size_t>(le) * rows_per_expert + s_offset[s] + pos;
         if (lane == 0) recv_src[s_offset[s] + pos] = s * num_tokens + t;
         const int4* payload = reinterpret_cast<const int4*>(message + 16);
         if constexpr (!kFp8) {
-          int4* dst = reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(out_x) + out_row * d.hidden);
-          for (int v = lane; v < d.hidden / 8; v += kWarpSize) dst[v] = ld_nc_v4(payload + v);
+          warp_copy(reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(out_x) + out_row * d.hidden),
+                    payload, d.hidden / 8, lane);
         } else {
-          int4* dst = reinterpret_cast<int4*>(static_cast<uint8_t*>(out_x) + out_row * d.hidden);
-          for (int v = lane; v < d.hidden / 16; v += kWarpSize) dst[v] = ld_nc_v4(payload + v);
+          warp_copy(reinterpret_cast<int4*>(static_cast<uint8_t*>(out_x) + out_row * d.hidden),
+                    payload, d.hidden / 16, lane);
           const float* scales = reinterpret_cast<const float*>(message + 16 + d.hidden);
           float* scales_out = out_scales + out_row * (d.hidden / 128);
-          for (int g = lane; g < d.hidden / 128; g += kWarpSize) scales_out[g] = __ldg(scales + g);
+          for (int g = lane; g < d.hidden / 128; g += kWarpSize) scales_out[g] = scales[g];
         }
       }
-      __syncthreads();
     }
-    __syncthreads();  // s_count / s_offset are rewritten for the next expert
+    __syncthreads();  // shared state is rewritten for the next expert
   }
   if (arrive_is_last_block(&ctx.counters->ll_dispatch_recv_done) && threadIdx.x == 0) {
     ctx.counters->ll_dispatch_outstanding = 0u;
@@ -353,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       char* dst_local = recv_base + (static_cast<size_t>(e) * d.max_tokens + t) * row_bytes;
       auto* dst = static_cast<int4*>(transport::peer_ptr(dst_local, s));
       if (dst != nullptr) {
-        for (int v = lane; v < d.hidden / 8; v += kWarpSize) st_na_v4(dst + v, __ldg(row + v));
+        warp_copy(dst, row, d.hidden / 8, lane);
       } else {
         auto* stage = reinterpret_cast<int4*>(
             ctx.buffers.combine_stage + (static_cast<size_t>(le) * rows_per_expert + i) * row_bytes);
@@ -468,7 +492,8 @@ cudaError_t LaunchLlDispatchRecv(const LlContext& ctx, const uint32_t* ticket, i
                                  bool use_fp8, void* out_x, float* out_scales, int32_t* out_count,
                                  int32_t* out_recv_src, cudaStream_t stream) {
   if (ticket == nullptr) ticket = &ctx.counters->ll_dispatch_seq;
-  const size_t smem = 2 * sizeof(uint32_t) * ((num_tokens + 31) / 32);
+  const size_t smem = 2 * sizeof(uint32_t) * ctx.dims.num_ranks * ((num_tokens + 31) / 32);
+  if (smem > kMaxDynamicSmem) return cudaErrorInvalidConfiguration;
   const int grid = GridSize(ctx, ctx.dims.experts_per_rank);
   if (use_fp8) {
     ll_dispatch_recv<true><<<grid, kThreads, smem, stream>>>(ctx, ticket, num_tokens, out_x,
@@ -502,16 +527,17 @@ cudaError_t LaunchLlCombineRecv(const LlContext& ctx, const uint32_t* ticket,
 cudaError_t PrepareLlKernels() {
   // Load every kernel now (not lazily inside a call while peers spin) and
   // allow large dynamic shared memory for the message staging buffer.
-  const int max_smem = 200 * 1024;
-  cudaError_t err = cudaFuncSetAttribute(ll_dispatch_send<false>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(ll_dispatch_send<true>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+  const int max_smem = static_cast<int>(kMaxDynamicSmem);
+  cudaError_t err = cudaSuccess;
+  for (const void* kernel : {reinterpret_cast<const void*>(ll_dispatch_send<false>),
+                             reinterpret_cast<const void*>(ll_dispatch_send<true>),
+                             reinterpret_cast<const void*>(ll_dispatch_recv<false>),
+                             reinterpret_cast<const void*>(ll_dispatch_recv<true>)}) {
+    if (err == cudaSuccess) {
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+    }
   }
   cudaFuncAttributes attrs;
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ll_dispatch_recv<false>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ll_dispatch_recv<true>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ll_combine_send);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ll_combine_recv);
   return err;

@@ -1,11 +1,9 @@
 """In-graph timing: one jitted executable of N calls, timed from the host.
 
-Per-call time = wall time of one execution / N (N calls unrolled in one
-executable: no host round trip between calls); executions are repeated after a
-warm-up and the median is reported. Each call's input passes through an
-optimization_barrier with the call's index, so XLA can neither hoist nor merge
-identical exchanges; each call's result feeds one element into an accumulator
-so none is dead code. Every system is timed this same way.
+Per-call time = wall time of one execution / N, for N dependent calls unrolled
+in one executable (no host round trip between calls; see loop_of); executions
+are repeated after a warm-up and the median is reported. Every system is timed
+this same way, in the same run.
 """
 
 from __future__ import annotations
@@ -32,18 +30,23 @@ class Timing:
 
 
 def loop_of(op: Callable, num_calls: int) -> Callable:
-  """fori_loop of ``num_calls`` calls of ``op(*args)``; returns a scalar."""
+  """``num_calls`` dependent calls of ``op(*args)`` in one executable; returns a scalar.
+
+  Each call's whole result is materialised (an optimization_barrier: XLA can
+  neither slice nor simplify through it) and one element of it becomes an
+  input dependency of the next call's arguments (another barrier, no extra
+  kernel), so calls run one after another and none can be hoisted, merged,
+  overlapped with the next or dropped.
+  """
 
   def looped(*args):
-    def body(i, acc):
-      pinned = jax.lax.optimization_barrier((args, i))[0]
-      # The barrier makes XLA produce the whole result (it cannot slice or
-      # simplify through it); one element then keeps the call live.
-      out = jax.lax.optimization_barrier(op(*pinned))
-      leaf = jax.tree.leaves(out)[0]
-      return acc + leaf.reshape(-1)[0].astype(jnp.float32)
+    def body(_, carry):
+      args, acc = carry
+      out = jax.lax.optimization_barrier(op(*args))
+      first = jax.tree.leaves(out)[0].reshape(-1)[0].astype(jnp.float32)
+      return jax.lax.optimization_barrier((args, acc + first))
     init = jax.lax.pcast(jnp.float32(0), "ep", to="varying")
-    return jax.lax.fori_loop(0, num_calls, body, init, unroll=True)
+    return jax.lax.fori_loop(0, num_calls, body, (args, init), unroll=True)[1]
 
   return looped
 
