@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string>
 
+#include "cuda/ht_launch.h"
 #include "cuda/ll_launch.h"
 #include "cuda/transport.cuh"
 
@@ -22,6 +23,7 @@ namespace {
 
 constexpr size_t kAlign = 256;
 constexpr size_t kFreeMemoryMargin = size_t{512} << 20;
+constexpr int kHtDefaultSms = 24;
 
 size_t AlignUp(size_t value, size_t alignment = kAlign) {
   return (value + alignment - 1) / alignment * alignment;
@@ -172,6 +174,8 @@ std::string Runtime::Init(int rank, int num_ranks, const std::string& uid, int d
   probe_ = static_cast<char*>(nvshmem_malloc(kAlign));
   if (probe_ == nullptr) return "jax_ep: nvshmem_malloc of the peer probe failed";
   err = PrepareLlKernels();
+  if (err == cudaSuccess) err = PrepareHtKernels();
+  if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void**>(&ht_plan_), sizeof(HtPlan));
   if (err != cudaSuccess) return CudaError("loading the kernels", err);
   err = cudaDeviceSynchronize();
   if (err != cudaSuccess) return CudaError("cudaDeviceSynchronize", err);
@@ -266,7 +270,9 @@ std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_th
   ht_.counters = counters_;
   ht_.status = status_device_;
   ht_.timeout_ns = timeout_ns;
-  ht_.num_sms = std::max(2, std::min(num_sms > 0 ? num_sms : num_sms_, num_sms_));
+  ht_.plan = ht_plan_;
+  // HT SM budget: EpConfig.num_sms, else kHtDefaultSms (DeepEP's 24; see docs/benchmarks.md).
+  ht_.num_sms = std::max(1, std::min(num_sms > 0 ? num_sms : kHtDefaultSms, num_sms_));
   if (high_throughput) {
     HtBuffers& b = ht_.buffers;
     b.counts = reinterpret_cast<int32_t*>(base_ + layout.ht_counts);
@@ -311,6 +317,10 @@ std::string Runtime::Finalize() {
   probe_ = nullptr;
   if (counters_ != nullptr) cudaFree(counters_);
   counters_ = nullptr;
+  if (ht_plan_ != nullptr) cudaFree(ht_plan_);
+  ht_plan_ = nullptr;
+  if (profile_ != nullptr) cudaFree(profile_);
+  profile_ = nullptr;
   nvshmem_finalize();
   if (status_host_ != nullptr) cudaFreeHost(status_host_);
   status_host_ = status_device_ = nullptr;

@@ -114,6 +114,7 @@ class Runtime {
   int32_t* slot_counters_ = nullptr;
   int* qp_handles_ = nullptr;
   DeviceProfile* profile_ = nullptr;
+  HtPlan* ht_plan_ = nullptr;
 };
 
 }  // namespace jax_ep::cuda

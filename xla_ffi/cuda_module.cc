@@ -13,6 +13,7 @@
 #include "cuda/runtime.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla_ffi/cuda/handler_common.h"
+#include "xla_ffi/cuda/ht_handlers.h"
 #include "xla_ffi/cuda/ll_handlers.h"
 
 namespace nb = nanobind;
@@ -49,6 +50,7 @@ NB_MODULE(_jax_ep_cuda, m) {
   m.def("handlers", []() {
     std::vector<jax_ep::ffi_cuda::HandlerEntry> entries;
     jax_ep::ffi_cuda::AppendLlHandlers(&entries);
+    jax_ep::ffi_cuda::AppendHtHandlers(&entries);
     nb::dict result;
     for (const auto& entry : entries) {
       result[entry.name] = nb::capsule(reinterpret_cast<void*>(entry.handler));

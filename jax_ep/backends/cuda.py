@@ -17,7 +17,7 @@ from jax_ep import fp8 as fp8_lib
 from jax_ep._vma import match_vma, result_type
 from jax_ep.backends.xla import XlaBackend
 from jax_ep.config import EpConfig
-from jax_ep.types import LowLatencyHandle
+from jax_ep.types import DispatchHandle, LowLatencyHandle
 
 I32 = jnp.int32
 
@@ -34,10 +34,61 @@ def _call(target: str, results, *args, **attrs):
   return jax.ffi.ffi_call(target, results, has_side_effect=True)(*args, **attrs)
 
 
+HT_MAX_RANKS = 8  # cuda/ht_launch.h kHtMaxRanks: one NVLink domain
+
+
 class CudaBackend(XlaBackend):
   """Kernels for bf16 (and FP8) rows; the portable path for everything else."""
 
   name = "cuda"
+
+  # ---------------------------------------------------------------- HT
+  @staticmethod
+  def ht_kernel_supports(payloads, config: EpConfig, num_ranks: int) -> bool:
+    """bf16 rows or FP8 rows (+ scales), R <= 8, K <= 32: the HT kernels' domain."""
+    if num_ranks > HT_MAX_RANKS or config.num_topk > 32 or not config.enable_high_throughput:
+      return False
+    if len(payloads) == 1:
+      return payloads[0].dtype == jnp.bfloat16 and config.hidden % 8 == 0
+    return (len(payloads) == 2 and payloads[0].dtype == fp8_lib.FP8_DTYPE
+            and config.hidden % 16 == 0)
+
+  def ht_dispatch(self, payloads, topk_idx, topk_weights, config: EpConfig, capacity: int):
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    if not self.ht_kernel_supports(payloads, config, num_ranks):
+      return super().ht_dispatch(payloads, topk_idx, topk_weights, config, capacity)
+    if config.debug_checks:
+      self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index
+    x = payloads[0]
+    num_tokens = x.shape[0]
+    scales = payloads[1] if len(payloads) == 2 else jnp.zeros((num_tokens, 0), jnp.float32)
+    k = config.num_topk
+    results = (result_type((capacity, config.hidden), x.dtype, x),
+               result_type((capacity,) + scales.shape[1:], scales.dtype, x),
+               result_type((capacity, k), I32, x), result_type((capacity, k), jnp.float32, x),
+               result_type((), I32, x),
+               result_type((config.experts_per_rank(num_ranks),), I32, x),
+               result_type((), I32, x), result_type((), I32, x),
+               result_type((capacity,), I32, x), result_type((num_tokens, num_ranks), I32, x))
+    (out_x, out_scales, out_idx, out_w, num_kept, tokens_per_expert, num_dropped, num_invalid,
+     recv_src, send_row) = _call("jax_ep_ht_dispatch", results, x, scales, topk_idx,
+                                 topk_weights, capacity=np.int64(capacity),
+                                 **_dims(config, num_ranks))
+    outs = (out_x, out_scales) if len(payloads) == 2 else (out_x,)
+    handle = DispatchHandle(recv_src=recv_src, send_row=send_row, num_tokens=num_kept,
+                            config=config)
+    return outs, out_idx, out_w, num_kept, tokens_per_expert, num_dropped, num_invalid, handle
+
+  def ht_combine(self, rows: jax.Array, handle: DispatchHandle) -> jax.Array:
+    config = handle.config
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    if (rows.ndim != 2 or rows.dtype != jnp.bfloat16 or rows.shape[1] != config.hidden
+        or not self.ht_kernel_supports((rows,), config, num_ranks)):
+      return super().ht_combine(rows, handle)
+    capacity = rows.shape[0]
+    out = result_type((handle.send_row.shape[0], config.hidden), jnp.bfloat16, rows)
+    return _call("jax_ep_ht_combine", out, rows, handle.recv_src, handle.send_row,
+                 handle.num_tokens, capacity=np.int64(capacity), **_dims(config, num_ranks))
 
   # ---------------------------------------------------------------- LL
   @staticmethod
@@ -126,6 +177,7 @@ class CudaBackend(XlaBackend):
 
 def lowering_check_targets() -> tuple[str, ...]:
   """FFI targets the CUDA backend emits (tests look for them in lowered HLO)."""
-  return ("jax_ep_ll_dispatch", "jax_ep_ll_combine", "jax_ep_ll_dispatch_send",
+  return ("jax_ep_ht_dispatch", "jax_ep_ht_combine", "jax_ep_ll_dispatch", "jax_ep_ll_combine",
+          "jax_ep_ll_dispatch_send",
           "jax_ep_ll_dispatch_recv", "jax_ep_ll_combine_send", "jax_ep_ll_combine_recv")
 

@@ -45,8 +45,9 @@ def main(argv):
                         plot=FLAGS.plot)
   results.update(meta=meta, rows=rows)
   if jax.process_index() == 0:
+    brief = {k: v for k, v in meta.items() if k not in ("sweep", "kernel_profile")}
     common.print_table(rows, f"jax_ep bench --mode {FLAGS.mode} on {results['device']} "
-                             f"({results['date']}): {meta}")
+                             f"({results['date']}): {brief}")
     if meta.get("kernel_profile"):
       print("in-kernel profile (rank 0, us per call):")
       for label, kernels in meta["kernel_profile"].items():

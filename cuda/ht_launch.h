@@ -1,0 +1,58 @@
+// Host launchers of the high-throughput kernels (ht_kernels.cu). Plain C++.
+#ifndef JAX_EP_CUDA_HT_LAUNCH_H_
+#define JAX_EP_CUDA_HT_LAUNCH_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/ht_types.h"
+
+namespace jax_ep::cuda {
+
+// Most EP ranks the HT kernels handle (one NVLink domain).
+constexpr int kHtMaxRanks = 8;
+
+// One HT dispatch: count exchange, row pushes, receive epilogue (three kernels
+// on `stream`). Rows are `row_bytes` wide (bf16 or fp8); optional per-row
+// scales of `scale_bytes`.
+struct HtDispatchArgs {
+  const void* x;               // [T, row_bytes]
+  const void* scales;          // [T, scale_bytes] or null
+  const int32_t* topk_idx;     // [T, K]
+  const float* topk_weights;   // [T, K]
+  int num_tokens;              // T (this rank)
+  int capacity;                // C: rows of the outputs
+  size_t row_bytes;
+  size_t scale_bytes;
+  void* out_x;                 // [C, row_bytes]
+  void* out_scales;            // [C, scale_bytes] or null
+  int32_t* out_idx;            // [C, K]
+  float* out_w;                // [C, K]
+  int32_t* out_num_tokens;     // []
+  int32_t* out_tokens_per_expert;  // [E_local]
+  int32_t* out_num_dropped;    // []
+  int32_t* out_num_invalid;    // []
+  int32_t* out_recv_src;       // [C] src_rank * T + src_token, -1 on padding
+  int32_t* out_send_row;       // [T, R] row of token t on rank r, -1 if not there
+};
+cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args, cudaStream_t stream);
+
+// One HT combine: y bf16 [C, H] rows back to their sources, summed in fp32.
+struct HtCombineArgs {
+  const void* y;               // bf16 [C, H]
+  const int32_t* recv_src;     // [C]
+  const int32_t* send_row;     // [T, R]
+  const int32_t* num_tokens;   // [] valid rows of y (device scalar)
+  int capacity;                // C
+  int num_local_tokens;        // T
+  void* out;                   // bf16 [T, H]
+};
+cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cudaStream_t stream);
+
+cudaError_t PrepareHtKernels();
+
+}  // namespace jax_ep::cuda
+
+#endif  // JAX_EP_CUDA_HT_LAUNCH_H_

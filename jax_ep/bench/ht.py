@@ -1,0 +1,179 @@
+"""HT benchmark: training/prefill batches (DeepEP's intranode test settings by default).
+
+Systems, all timed the same way in the same run (timing.py):
+  * jax_ep: CUDA kernels (BF16 and FP8 dispatch, BF16 combine);
+  * all_to_all: the same exchange on the portable backend (capacity-padded
+    [R, T, H] jax.lax.all_to_all plus packing);
+  * ragged_all_to_all: MaxText's dropless EP path (rows sorted by destination,
+    sizes exchanged, jax.lax.ragged_all_to_all);
+  * the bare all_to_all of one [R, T, H] bf16 buffer (no routing or packing).
+GB/s as DeepEP reports it (bytes of all received rows, local ones included,
+over time) and the bytes that crossed NVLink per direction.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_ep
+from jax_ep.backends.xla import XlaBackend
+from jax_ep.bench import timing
+from jax_ep.bench.common import Row, deepep_routing, random_rows
+from jax_ep.types import DispatchHandle
+
+
+def _ragged_dispatch(x, idx, config: jax_ep.EpConfig):
+  """MaxText-style: sort per-destination copies, exchange sizes, ragged_all_to_all."""
+  axis = config.axis_name
+  num_ranks = jax.lax.axis_size(axis)
+  num_tokens = x.shape[0]
+  experts_per_rank = config.num_experts // num_ranks
+  owner = jnp.where(idx >= 0, idx // experts_per_rank, num_ranks)
+  in_rank = jnp.any(owner[:, :, None] == jnp.arange(num_ranks), axis=1)      # [T, R]
+  key = jnp.where(in_rank.T, jnp.arange(num_ranks)[:, None] * num_tokens
+                  + jnp.arange(num_tokens)[None], num_ranks * num_tokens)  # [R, T]
+  order = jnp.argsort(key.reshape(-1))
+  operand = x[order % num_tokens]                                          # [R*T, H]
+  send_sizes = jnp.sum(in_rank, axis=0, dtype=jnp.int32)
+  input_offsets = jnp.cumsum(send_sizes) - send_sizes
+  counts = jax.lax.all_gather(send_sizes, axis)                            # [src, dst]
+  me = jax.lax.axis_index(axis)
+  output_offsets = jnp.sum(jnp.where(jnp.arange(num_ranks)[:, None] < me, counts, 0), axis=0,
+                           dtype=jnp.int32)
+  recv_sizes = counts[:, me]
+  output = jnp.zeros((num_ranks * num_tokens, x.shape[1]), x.dtype)
+  return jax.lax.ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
+                                   recv_sizes, axis_name=axis), (send_sizes, input_offsets,
+                                                                 output_offsets, recv_sizes,
+                                                                 order)
+
+
+def _ragged_combine(y, layout, num_tokens: int, config: jax_ep.EpConfig):
+  """The reverse ragged_all_to_all, then a sum of each token's copies."""
+  send_sizes, input_offsets, output_offsets, recv_sizes, order = layout
+  axis = config.axis_name
+  num_ranks = jax.lax.axis_size(axis)
+  # Rows go back: what we received from s (at recv offsets) returns to s's input offsets.
+  recv_offsets = jnp.cumsum(recv_sizes) - recv_sizes
+  back_offsets = jax.lax.all_to_all(input_offsets, axis, 0, 0, tiled=True)
+  returned = jax.lax.ragged_all_to_all(
+      y, jnp.zeros((num_ranks * num_tokens, y.shape[1]), y.dtype), recv_offsets, recv_sizes,
+      back_offsets, send_sizes, axis_name=axis)
+  out = jnp.zeros((num_tokens, y.shape[1]), jnp.float32).at[order % num_tokens].add(
+      returned.astype(jnp.float32))
+  return out.astype(y.dtype)
+
+
+def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: int,
+        repeats: int, seed: int, sweep: bool = False, plot: str | None = None):
+  num_ranks = jax.device_count()
+  rank = jax.process_index()
+  mesh = jax.make_mesh((num_ranks,), ("ep",))
+  portable = XlaBackend()
+  rows: list[Row] = []
+  meta = dict(tokens_per_rank=tokens, hidden=hidden, num_experts=num_experts, topk=num_topk,
+              num_ranks=num_ranks, num_calls=num_calls, repeats=repeats)
+
+  def measure(t: int, full: bool):
+    config = jax_ep.EpConfig(num_experts=num_experts, hidden=hidden, max_tokens_per_rank=t,
+                             num_topk=num_topk, enable_low_latency=False)
+    jax_ep.initialize(config, mesh)
+    rng = np.random.default_rng(seed + rank)
+    x = random_rows(rng, (t, hidden))
+    idx = deepep_routing(rng, t, num_experts, num_topk)
+    w = rng.random((t, num_topk)).astype(np.float32)
+    calls = lambda slow: max(2, num_calls // 10) if slow else num_calls  # noqa: E731
+    time = lambda op, *args, slow=False: timing.gather_max(  # noqa: E731
+        timing.time_per_call(op, mesh, args, calls(slow), repeats if not slow else 3).median_us)
+
+    def dispatch_once(x, idx, w):
+      d = jax_ep.dispatch(x, idx, w, config=config)
+      return d.x, d.num_tokens[None], d.handle.recv_src, d.handle.send_row
+    once = jax.jit(jax.shard_map(dispatch_once, mesh=mesh, in_specs=jax.P("ep"),
+                                 out_specs=jax.P("ep")))
+    glob = lambda a: jax.make_array_from_process_local_data(  # noqa: E731
+        jax.NamedSharding(mesh, jax.P("ep")), a, (a.shape[0] * num_ranks,) + a.shape[1:])
+    y, kept, recv_src, send_row = (np.asarray(o.addressable_shards[0].data)
+                                   for o in once(glob(x), glob(idx), glob(w)))
+    received = int(kept[0])
+    remote = int(np.sum((recv_src[:received] // t) != rank))
+
+    def handle(recv_src, send_row, kept):
+      return DispatchHandle(recv_src=recv_src, send_row=send_row, num_tokens=kept[0],
+                            config=config)
+
+    results = {}
+    results["dispatch BF16", "jax_ep"] = time(
+        lambda x, i, w: jax_ep.dispatch(x, i, w, config=config), x, idx, w)
+    results["dispatch FP8", "jax_ep"] = time(
+        lambda q, s, i, w: jax_ep.dispatch((q, s), i, w, config=config),
+        *[np.asarray(a) for a in jax.jit(jax_ep.fp8.quantize)(x)], idx, w)
+    results["combine BF16", "jax_ep"] = time(
+        lambda y, s, r, k: jax_ep.combine(y, handle(s, r, k), config=config),
+        y, recv_src, send_row, kept)
+    if full:
+      results["dispatch BF16", "all_to_all"] = time(
+          lambda x, i, w: portable.ht_dispatch((x,), i, w, config, num_ranks * t)[0], x, idx, w)
+      results["combine BF16", "all_to_all"] = time(
+          lambda y, s, r, k: portable.ht_combine(y, handle(s, r, k)), y, recv_src, send_row, kept)
+    if full and jax.devices()[0].platform != "cpu":  # ragged_all_to_all has no CPU lowering
+      results["dispatch BF16", "ragged_all_to_all"] = time(
+          lambda x, i: _ragged_dispatch(x, i, config)[0], x, idx, slow=True)
+      results["combine BF16", "ragged_all_to_all"] = time(
+          lambda x, i: _ragged_combine(*_ragged_dispatch(x, i, config), t, config), x, idx,
+          slow=True)
+    if full:
+      results["bare all_to_all", "jax.lax.all_to_all"] = time(
+          lambda x: jax.lax.all_to_all(x.reshape(num_ranks, -1, hidden), "ep", 0, 0, tiled=True),
+          np.tile(x, (num_ranks, 1)))
+    return results, received, remote
+
+  results, received, remote = measure(tokens, full=True)
+  bytes_of = {"BF16": 2 * hidden, "FP8": hidden + 4 * (hidden // 128)}
+  for (name, system), us in results.items():
+    width = bytes_of["FP8" if "FP8" in name else "BF16"]
+    base = None
+    if system == "jax_ep":
+      base = results.get((name.replace("FP8", "BF16"), "all_to_all"))
+    label = f"HT {name}" if name != "bare all_to_all" else f"bare all_to_all [R,{tokens},H]"
+    rows.append(Row(label, system, us,
+                    gbps=(received if name != "bare all_to_all" else num_ranks * tokens)
+                    * width / us / 1e3,
+                    nvlink_gbps=remote * width / us / 1e3 if name != "bare all_to_all" else None,
+                    baseline_us=base))
+  meta.update(received_rows=received, remote_rows=remote)
+  if sweep:
+    curve = []
+    for t in (128, 256, 512, 1024, 2048, 4096, 8192):
+      res, rec, rem = measure(t, full=False)
+      curve.append(dict(tokens=t, received_rows=rec, remote_rows=rem,
+                        **{f"{n} {s}": us for (n, s), us in res.items()}))
+    meta["sweep"] = curve
+    if plot and rank == 0:
+      _plot(curve, hidden, plot)
+  return rows, meta
+
+
+def _plot(curve: list[dict], hidden: int, path: str) -> None:
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
+  tokens = [c["tokens"] for c in curve]
+  for key in [k for k in curve[0] if k.endswith("jax_ep")]:
+    width = hidden + 4 * (hidden // 128) if "FP8" in key else 2 * hidden
+    us = [c[key] for c in curve]
+    ax_t.plot(tokens, us, marker="o", label=key)
+    ax_b.plot(tokens, [c["received_rows"] * width / u / 1e3 for c, u in zip(curve, us)],
+              marker="o", label=key)
+  for ax, label in ((ax_t, "us per call"), (ax_b, "GB/s (received bytes / time)")):
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens per rank")
+    ax.set_ylabel(label)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.suptitle("jax_ep HT sweep")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)

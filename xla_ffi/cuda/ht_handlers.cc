@@ -1,0 +1,162 @@
+// XLA FFI handlers (CUDA) of the high-throughput ops. Command-buffer
+// compatible: kernels only, no host sync, sequence numbers on the device.
+//
+//   jax_ep_ht_dispatch(x [T,H] bf16|f8e4m3fn, scales [T,S] (S = 0: none),
+//                      topk_idx s32[T,K], topk_weights f32[T,K]) ->
+//       x [C,H], scales [C,S], topk_idx s32[C,K], topk_weights f32[C,K],
+//       num_tokens s32[], tokens_per_expert s32[E_local], num_dropped s32[],
+//       num_invalid s32[], recv_src s32[C], send_row s32[T,R]
+//   jax_ep_ht_combine(y bf16[C,H], recv_src s32[C], send_row s32[T,R],
+//                     num_tokens s32[]) -> out bf16[T,H]
+#include "xla_ffi/cuda/ht_handlers.h"
+
+#include "cuda/ht_launch.h"
+#include "xla_ffi/cuda/handler_common.h"
+
+namespace jax_ep::ffi_cuda {
+namespace {
+
+using S32Scalar = ffi::Buffer<ffi::S32, 0>;
+using S32Vector = ffi::Buffer<ffi::S32, 1>;
+using S32Matrix = ffi::Buffer<ffi::S32, 2>;
+using F32Matrix = ffi::Buffer<ffi::F32, 2>;
+
+constexpr const char* kDispatch = "dispatch";
+constexpr const char* kCombine = "combine";
+
+size_t RowBytes(const ffi::AnyBuffer& buffer) {
+  auto dims = buffer.dimensions();
+  return dims.size() == 2 ? static_cast<size_t>(dims[1]) * ffi::ByteWidth(buffer.element_type())
+                          : 0;
+}
+
+ffi::Error HtDispatchImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
+                          int64_t num_experts, int64_t hidden, int64_t max_tokens,
+                          int64_t num_topk, int64_t capacity, ffi::AnyBuffer x,
+                          ffi::AnyBuffer scales, S32Matrix topk_idx, F32Matrix topk_weights,
+                          ffi::Result<ffi::AnyBuffer> out_x, ffi::Result<ffi::AnyBuffer> out_scales,
+                          ffi::Result<S32Matrix> out_idx, ffi::Result<F32Matrix> out_w,
+                          ffi::Result<S32Scalar> num_tokens, ffi::Result<S32Vector> tokens_per_expert,
+                          ffi::Result<S32Scalar> num_dropped, ffi::Result<S32Scalar> num_invalid,
+                          ffi::Result<S32Vector> recv_src, ffi::Result<S32Matrix> send_row) {
+  auto runtime_or = RuntimeFor(kDispatch, {num_ranks, num_experts, hidden, max_tokens, num_topk},
+                               device, false, /*need_high_throughput=*/true);
+  if (runtime_or.has_error()) return runtime_or.error();
+  const cuda::Runtime& runtime = **runtime_or;
+  auto x_dims = x.dimensions();
+  const bool fp8 = x.element_type() == ffi::DataType::F8E4M3FN;
+  if (x_dims.size() != 2 || x_dims[1] != hidden || x_dims[0] > max_tokens ||
+      (!fp8 && x.element_type() != ffi::DataType::BF16)) {
+    return ffi::Error::InvalidArgument("jax_ep dispatch: x must be bfloat16 or float8_e4m3fn "
+                                       "[tokens <= T, H], got " + ShapeText(x_dims));
+  }
+  const int64_t tokens = x_dims[0];
+  const size_t scale_bytes = RowBytes(scales);
+  if (topk_idx.dimensions()[0] != tokens || topk_idx.dimensions()[1] != num_topk ||
+      topk_weights.dimensions()[0] != tokens || scales.dimensions()[0] != tokens ||
+      send_row->dimensions()[0] != tokens || send_row->dimensions()[1] != num_ranks ||
+      out_x->dimensions()[0] != capacity || RowBytes(*out_x) != RowBytes(x) ||
+      RowBytes(*out_scales) != scale_bytes || recv_src->dimensions()[0] != capacity ||
+      capacity > num_ranks * max_tokens) {
+    return ffi::Error::InvalidArgument("jax_ep dispatch: operand/result shapes do not match");
+  }
+  cuda::HtDispatchArgs args{};
+  args.x = x.untyped_data();
+  args.scales = scale_bytes ? scales.untyped_data() : nullptr;
+  args.topk_idx = topk_idx.typed_data();
+  args.topk_weights = topk_weights.typed_data();
+  args.num_tokens = static_cast<int>(tokens);
+  args.capacity = static_cast<int>(capacity);
+  args.row_bytes = RowBytes(x);
+  args.scale_bytes = scale_bytes;
+  args.out_x = out_x->untyped_data();
+  args.out_scales = scale_bytes ? out_scales->untyped_data() : nullptr;
+  args.out_idx = out_idx->typed_data();
+  args.out_w = out_w->typed_data();
+  args.out_num_tokens = num_tokens->typed_data();
+  args.out_tokens_per_expert = tokens_per_expert->typed_data();
+  args.out_num_dropped = num_dropped->typed_data();
+  args.out_num_invalid = num_invalid->typed_data();
+  args.out_recv_src = recv_src->typed_data();
+  args.out_send_row = send_row->typed_data();
+  const cudaError_t err = cuda::LaunchHtDispatch(runtime.ht_context(), args, stream);
+  if (err == cudaErrorInvalidValue) {
+    return ffi::Error::InvalidArgument(
+        "jax_ep dispatch: the HT kernels need R <= 8, E_local <= 1024, K <= 32 and rows that are "
+        "a multiple of 16 bytes");
+  }
+  return LaunchError(kDispatch, err);
+}
+
+ffi::Error HtCombineImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
+                         int64_t num_experts, int64_t hidden, int64_t max_tokens,
+                         int64_t num_topk, int64_t capacity, ffi::AnyBuffer y,
+                         S32Vector recv_src, S32Matrix send_row, S32Scalar num_tokens,
+                         ffi::Result<ffi::AnyBuffer> out) {
+  auto runtime_or = RuntimeFor(kCombine, {num_ranks, num_experts, hidden, max_tokens, num_topk},
+                               device, false, /*need_high_throughput=*/true);
+  if (runtime_or.has_error()) return runtime_or.error();
+  const cuda::Runtime& runtime = **runtime_or;
+  auto y_dims = y.dimensions();
+  if (y.element_type() != ffi::DataType::BF16 || y_dims.size() != 2 || y_dims[0] != capacity ||
+      y_dims[1] != hidden || recv_src.dimensions()[0] != capacity ||
+      send_row.dimensions()[1] != num_ranks || out->element_type() != ffi::DataType::BF16 ||
+      out->dimensions()[0] != send_row.dimensions()[0]) {
+    return ffi::Error::InvalidArgument("jax_ep combine: y must be bfloat16 [C, H] matching the "
+                                       "handle, got " + ShapeText(y_dims));
+  }
+  cuda::HtCombineArgs args{};
+  args.y = y.untyped_data();
+  args.recv_src = recv_src.typed_data();
+  args.send_row = send_row.typed_data();
+  args.num_tokens = num_tokens.typed_data();
+  args.capacity = static_cast<int>(capacity);
+  args.num_local_tokens = static_cast<int>(send_row.dimensions()[0]);
+  args.out = out->untyped_data();
+  return LaunchError(kCombine, cuda::LaunchHtCombine(runtime.ht_context(), args, stream));
+}
+
+}  // namespace
+
+#define JAX_EP_HT_BIND                                   \
+  ffi::Ffi::Bind()                                       \
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()          \
+      .Ctx<ffi::DeviceOrdinal>()                         \
+      .Attr<int64_t>("num_ranks")                        \
+      .Attr<int64_t>("num_experts")                      \
+      .Attr<int64_t>("hidden")                           \
+      .Attr<int64_t>("max_tokens")                       \
+      .Attr<int64_t>("num_topk")                         \
+      .Attr<int64_t>("capacity")
+
+XLA_FFI_DEFINE_HANDLER(kHtDispatch, HtDispatchImpl,
+                       JAX_EP_HT_BIND.Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<S32Matrix>()
+                           .Arg<F32Matrix>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<S32Matrix>()
+                           .Ret<F32Matrix>()
+                           .Ret<S32Scalar>()
+                           .Ret<S32Vector>()
+                           .Ret<S32Scalar>()
+                           .Ret<S32Scalar>()
+                           .Ret<S32Vector>()
+                           .Ret<S32Matrix>(),
+                       {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER(kHtCombine, HtCombineImpl,
+                       JAX_EP_HT_BIND.Arg<ffi::AnyBuffer>()
+                           .Arg<S32Vector>()
+                           .Arg<S32Matrix>()
+                           .Arg<S32Scalar>()
+                           .Ret<ffi::AnyBuffer>(),
+                       {ffi::Traits::kCmdBufferCompatible});
+
+void AppendHtHandlers(std::vector<HandlerEntry>* entries) {
+  entries->push_back({"jax_ep_ht_dispatch", kHtDispatch});
+  entries->push_back({"jax_ep_ht_combine", kHtCombine});
+}
+
+}  // namespace jax_ep::ffi_cuda
