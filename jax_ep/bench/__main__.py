@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 
 from absl import app, flags
@@ -23,8 +24,16 @@ flags.DEFINE_string("plot", None, "ht --sweep: write the plot PNG here")
 FLAGS = flags.FLAGS
 
 
+# MaxText-style ragged_all_to_all across processes (one GPU each) needs XLA's
+# NCCL send/recv path, which XLA refuses unless asked; must be set before the
+# GPU backend starts.
+_RAGGED_FLAG = "--xla_gpu_allow_ragged_all_to_all_nccl_send_recv_fallback=true"
+
+
 def main(argv):
   del argv
+  if FLAGS.mode == "ht" and _RAGGED_FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _RAGGED_FLAG).strip()
   launch.initialize_distributed_from_env()
   import jax  # pylint: disable=import-outside-toplevel
   import jax_ep  # pylint: disable=import-outside-toplevel
