@@ -91,6 +91,29 @@ def test_split_low_latency_ops_lower_to_send_and_recv_tied_by_a_ticket():
   assert _attr(calls[2], "num_tokens") == "8 : i64"
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_high_throughput_ops_lower_to_the_cuda_targets(fp8):
+  def fn(x, idx, w):
+    payload = jax_ep.fp8.quantize(x) if fp8 else x
+    d = jax_ep.dispatch(payload, idx, w, config=CONFIG, capacity=12)
+    return jax_ep.combine(d.x.astype(jnp.bfloat16), d.handle, config=CONFIG)
+
+  text = _lower_for_cuda(fn, ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
+                         ((16, 4), jnp.float32))
+  calls = _custom_calls(text)
+  targets = [re.search(r"@(\w+)", c).group(1) for c in calls]
+  assert targets == ["jax_ep_ht_dispatch", "jax_ep_ht_combine"], targets
+  for call in calls:
+    assert "has_side_effect = true" in call
+    assert _attr(call, "capacity") == "12 : i64"
+    assert _attr(call, "num_ranks") == "2 : i64"
+  x_type, scales = ("f8E4M3FN", "tensor<12x2xf32>") if fp8 else ("bf16", "tensor<12x0xf32>")
+  assert (f"-> (tensor<12x256x{x_type}>, {scales}, tensor<12x4xi32>, tensor<12x4xf32>, "
+          "tensor<i32>, tensor<8xi32>, tensor<i32>, tensor<i32>, tensor<12xi32>, "
+          "tensor<8x2xi32>)") in calls[0], calls[0]
+  assert "-> tensor<8x256xbf16>" in calls[1]
+
+
 def test_portable_payloads_stay_portable_on_cuda():
   """float32 rows have no kernel: the CUDA backend runs the portable path (jnp + all_to_all)."""
   def fn(x, idx, w):
