@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 from typing import Any, Optional
 
 import jax
@@ -111,6 +112,11 @@ def finalize() -> None:
   jax.clear_caches()
   if state is not None and state.cuda is not None:
     state.cuda.finalize()
+    return
+  # NVSHMEM may still be up after a switch from the CUDA to the XLA backend.
+  module = sys.modules.get("jax_ep._jax_ep_cuda")
+  if module is not None and module.initialized():
+    module.finalize()
 
 
 def state() -> Optional[RuntimeState]:

@@ -144,9 +144,9 @@ class CudaBackend(XlaBackend):
 
   def ll_dispatch_recv(self, pending, config: EpConfig, use_fp8: bool, num_tokens: int):
     """Finishes an LL dispatch: (x, scales or None, count, num_invalid, handle)."""
+    if not (isinstance(pending, tuple) and len(pending) == 2 and pending[1].ndim == 0):
+      return super().ll_dispatch_recv(pending, config, use_fp8, num_tokens)  # portable send
     num_invalid, ticket = pending
-    if not isinstance(ticket, jax.Array) or ticket.ndim != 0:
-      return super().ll_dispatch_recv(pending, config, use_fp8, num_tokens)
     num_ranks = jax.lax.axis_size(config.axis_name)
     out, scales, count, recv_src = _call(
         "jax_ep_ll_dispatch_recv", self._recv_results(config, num_ranks, use_fp8, ticket), ticket,

@@ -143,3 +143,16 @@ def test_buffer_bytes_formula():
                                     cfg.num_topk, cfg.enable_low_latency,
                                     cfg.enable_high_throughput, rdma)
       assert layout["total"] == jax_ep.buffer_bytes(cfg, 4, rdma_staging=rdma)
+
+
+def test_split_ops_with_portable_payloads_lower_on_cuda():
+  """float32 rows through the split LL ops take the portable path end to end."""
+  def fn(x, idx, w):
+    d = jax_ep.low_latency_dispatch_recv(
+        jax_ep.low_latency_dispatch_send(x, idx, config=CONFIG), config=CONFIG)
+    sent = jax_ep.low_latency_combine_send(d.x, d.handle, config=CONFIG)
+    return jax_ep.low_latency_combine_recv(sent, idx, w, config=CONFIG)
+
+  text = _lower_for_cuda(fn, ((16, 256), jnp.float32), ((16, 4), jnp.int32),
+                         ((16, 4), jnp.float32))
+  assert "all_to_all" in text and "jax_ep_ll_" not in text
