@@ -56,6 +56,26 @@ __device__ __forceinline__ void st_na_v4(int4* ptr, const int4& v) {
                "r"(v.y), "r"(v.z), "r"(v.w));
 }
 
+// Warp-collective copy of `num_vec` int4 from global memory that is read-only
+// for the kernel to `dst` (local or a peer's): batches of kUnroll independent
+// loads before their stores keep several loads in flight per lane.
+template <int kUnroll = 8>
+__device__ __forceinline__ void warp_copy(int4* dst, const int4* src, int num_vec, int lane) {
+  for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
+    int4 tmp[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int v = base + u * kWarpSize + lane;
+      if (v < num_vec) tmp[u] = ld_nc_v4(src + v);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int v = base + u * kWarpSize + lane;
+      if (v < num_vec) st_na_v4(dst + v, tmp[u]);
+    }
+  }
+}
+
 __device__ __forceinline__ uint64_t make_flag(uint32_t seq, uint32_t value) {
   return (static_cast<uint64_t>(seq) << 32) | value;
 }

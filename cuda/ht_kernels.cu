@@ -50,23 +50,6 @@ constexpr int kNotifyThreads = 1024;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarpSize;
 
-template <int kUnroll = 8>
-__device__ __forceinline__ void warp_copy(int4* dst, const int4* src, int num_vec, int lane) {
-  for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
-    int4 tmp[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int v = base + u * kWarpSize + lane;
-      if (v < num_vec) tmp[u] = ld_nc_v4(src + v);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int v = base + u * kWarpSize + lane;
-      if (v < num_vec) st_na_v4(dst + v, tmp[u]);
-    }
-  }
-}
-
 __device__ __forceinline__ void warp_copy_bytes(char* dst, const char* src, size_t bytes,
                                                 int lane) {
   for (size_t i = lane; i < bytes; i += kWarpSize) dst[i] = src[i];
@@ -224,8 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (arrive_is_last_block(&ctx.counters->ht_send_done)) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
-      auto* flag = static_cast<uint64_t*>(transport::peer_ptr(b.dispatch_flags + d.rank, r));
-      st_release_sys(flag, make_flag(seq, 1));
+      transport::set_flag(b.dispatch_flags + d.rank, make_flag(seq, 1), r, nullptr, 0);
     }
   }
 }
@@ -327,8 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (arrive_is_last_block(&ctx.counters->ht_combine_send_done)) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
-      auto* flag = static_cast<uint64_t*>(transport::peer_ptr(flags + d.rank, r));
-      st_release_sys(flag, make_flag(seq, 1));
+      transport::set_flag(flags + d.rank, make_flag(seq, 1), r, nullptr, 0);
     }
   }
 }

@@ -84,28 +84,19 @@ __device__ __forceinline__ void profile_end(const LlContext& ctx, int k) {  // l
   }
 }
 
-__device__ __forceinline__ bool valid_expert(int e, int num_experts) {
-  return e >= 0 && e < num_experts;
+// A send's bookkeeping (one thread of its last block): the protocol check (one
+// outstanding send per kind), the new sequence number and the recv's ticket.
+__device__ __forceinline__ void finish_send(const LlContext& ctx, uint32_t* outstanding,
+                                            uint32_t* seq_counter, uint32_t seq,
+                                            uint32_t* ticket_out, uint32_t op) {
+  if (*outstanding != 0u) record_fault(ctx.status, kStatusProtocol, op, ctx.dims.rank, 0);
+  *outstanding = 1u;
+  *seq_counter = seq;
+  if (ticket_out != nullptr) *ticket_out = seq;
 }
 
-// Warp-collective copy of `num_vec` int4 from global memory (read-only during
-// the kernel) to `dst`: batches of kUnroll independent loads before their
-// stores, so each lane keeps several loads in flight.
-template <int kUnroll = 8>
-__device__ __forceinline__ void warp_copy(int4* dst, const int4* src, int num_vec, int lane) {
-  for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
-    int4 tmp[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int v = base + u * kWarpSize + lane;
-      if (v < num_vec) tmp[u] = ld_nc_v4(src + v);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int v = base + u * kWarpSize + lane;
-      if (v < num_vec) st_na_v4(dst + v, tmp[u]);
-    }
-  }
+__device__ __forceinline__ bool valid_expert(int e, int num_experts) {
+  return e >= 0 && e < num_experts;
 }
 
 // Copies `num_vec` int4 from shared memory to `dst` with the whole block.
@@ -224,14 +215,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int e = threadIdx.x; e < d.num_experts; e += blockDim.x) {
       const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
       const uint32_t count = static_cast<uint32_t>(atomicExch(ctx.slot_counters + e, 0));
-      uint64_t* flag_local = flags + static_cast<size_t>(le) * d.num_ranks + d.rank;
-      const uint64_t value = make_flag(seq, count);
-      auto* flag = static_cast<uint64_t*>(transport::peer_ptr(flag_local, r));
-      if (flag != nullptr) {
-        st_release_sys(flag, value);
-      } else {
-        transport::signal_set(flag_local, value, r, ctx.qp_handles, le);
-      }
+      transport::set_flag(flags + static_cast<size_t>(le) * d.num_ranks + d.rank,
+                          make_flag(seq, count), r, ctx.qp_handles, le);
     }
     if (threadIdx.x == 0) s_invalid = 0;
     __syncthreads();
@@ -244,12 +229,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     if (threadIdx.x == 0) {
       *num_invalid_out = s_invalid;
-      if (ctx.counters->ll_dispatch_outstanding != 0u) {
-        record_fault(ctx.status, kStatusProtocol, kOpLlDispatch, d.rank, 0);
-      }
-      ctx.counters->ll_dispatch_outstanding = 1u;
-      ctx.counters->ll_dispatch_seq = seq;
-      if (ticket_out != nullptr) *ticket_out = seq;
+      finish_send(ctx, &ctx.counters->ll_dispatch_outstanding, &ctx.counters->ll_dispatch_seq,
+                  seq, ticket_out, kOpLlDispatch);
     }
     profile_end(ctx, 0);
   }
@@ -391,23 +372,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     __threadfence_system();
     __syncthreads();
     for (int r = threadIdx.x; r < d.num_ranks; r += blockDim.x) {
-      uint64_t* flag_local = flags + e;
-      const uint64_t value = make_flag(seq, 0);
-      auto* flag = static_cast<uint64_t*>(transport::peer_ptr(flag_local, r));
-      if (flag != nullptr) {
-        st_release_sys(flag, value);
-      } else {
-        transport::signal_set(flag_local, value, r, ctx.qp_handles, le);
-      }
+      transport::set_flag(flags + e, make_flag(seq, 0), r, ctx.qp_handles, le);
     }
   }
   if (arrive_is_last_block(&ctx.counters->ll_combine_send_done) && threadIdx.x == 0) {
-    if (ctx.counters->ll_combine_outstanding != 0u) {
-      record_fault(ctx.status, kStatusProtocol, kOpLlCombine, d.rank, 0);
-    }
-    ctx.counters->ll_combine_outstanding = 1u;
-    ctx.counters->ll_combine_seq = seq;
-    if (ticket_out != nullptr) *ticket_out = seq;
+    finish_send(ctx, &ctx.counters->ll_combine_outstanding, &ctx.counters->ll_combine_seq, seq,
+                ticket_out, kOpLlCombine);
     profile_end(ctx, 2);
   }
 }

@@ -67,6 +67,19 @@ __device__ __forceinline__ void signal_set(uint64_t* flag, uint64_t value, int p
   nvshmemx_signal_op(flag, value, NVSHMEM_SIGNAL_SET, pe);
 }
 
+// Sets pe's copy of the flag at local symmetric address `flag`: a
+// st.release.sys through the peer mapping for load/store peers (after the
+// caller's system-scope fence), else the RDMA signal above.
+__device__ __forceinline__ void set_flag(uint64_t* flag, uint64_t value, int pe,
+                                         const int* qp_handles, int qp) {
+  auto* mapped = static_cast<uint64_t*>(peer_ptr(flag, pe));
+  if (mapped != nullptr) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(mapped), "l"(value) : "memory");
+  } else {
+    signal_set(flag, value, pe, qp_handles, qp);
+  }
+}
+
 // Whether puts must be completed (quiet) before their flag is signalled.
 __device__ __forceinline__ bool needs_quiet(const int* qp_handles) {
   return !JAX_EP_HAVE_QP_API || qp_handles == nullptr;

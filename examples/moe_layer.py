@@ -14,15 +14,12 @@ Run:  python examples/moe_layer.py            (no GPU: 8 CPU devices, portable b
 from __future__ import annotations
 
 import functools
-import os
 import sys
 
-if __name__ == "__main__" and "JAX_PLATFORMS" not in os.environ and not os.path.exists(
-    "/dev/nvidia0") and "JAX_EP_LAUNCHED" not in os.environ:
-  # No GPU here: run on 8 CPU devices (must be set before jax is imported).
-  os.environ["JAX_PLATFORMS"] = "cpu"
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_force_host_platform_device_count=8").strip()
+import _cpu_default
+
+if __name__ == "__main__":
+  _cpu_default.use_cpu_devices_without_gpu()
 
 from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
@@ -31,7 +28,6 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import jax_ep  # noqa: E402
 from jax_ep import launch  # noqa: E402
 
