@@ -75,15 +75,15 @@ if [[ "$WHAT" != bench ]]; then
       XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
 fi
 
-bench() {  # $1 = mode, rest = extra flags
+bench() {  # $1 = mode, rest = extra flags; output streams into $OUT/bench.log as it runs
   local mode=$1
   shift
-  local log
-  log=$(mktemp)
+  local start_line
+  start_line=$(( $(wc -l < "$OUT/bench.log" 2>/dev/null || echo 0) + 1 ))
   "$PY" -m jax_ep.launch -n 2 -m jax_ep.bench --mode "$mode" --out "$OUT/bench_$mode.json" "$@" \
-      > "$log" 2>&1 || { status=1; tail -30 "$log"; }
-  cat "$log" >> "$OUT/bench.log"
-  grep -E "^\[rank 0\] " "$log" | sed 's/^\[rank 0\] //' | sed -n '/^jax_ep bench/,$p' >> "$SUMMARY"
+      >> "$OUT/bench.log" 2>&1 || { status=1; tail -n +"$start_line" "$OUT/bench.log" | tail -30; }
+  tail -n +"$start_line" "$OUT/bench.log" | grep -E "^\[rank 0\] " | sed 's/^\[rank 0\] //' \
+      | sed -n '/^jax_ep bench/,$p' >> "$SUMMARY"
 }
 
 if [[ "$WHAT" == all || "$WHAT" == bench || "$WHAT" == ll ]]; then bench ll; fi

@@ -86,11 +86,14 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     w = rng.random((t, num_topk)).astype(np.float32)
     calls = lambda slow: max(2, num_calls // 10) if slow else num_calls  # noqa: E731
 
-    def time(op, *args, slow=False):
+    def time(label, op, *args, slow=False):
       """Median us per call, or None if this system cannot run here (noted in the log)."""
       try:
-        return timing.gather_max(timing.time_per_call(op, mesh, args, calls(slow),
-                                                      repeats if not slow else 3).median_us)
+        us = timing.gather_max(timing.time_per_call(op, mesh, args, calls(slow),
+                                                    repeats if not slow else 3).median_us)
+        if rank == 0:
+          print(f"bench: tokens={t} {label}: {us:.1f} us", flush=True)
+        return us
       except Exception as e:  # pylint: disable=broad-except
         if rank == 0:
           print(f"bench: skipped one system: {str(e).splitlines()[0][:300]}")
@@ -114,26 +117,34 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
 
     results = {}
     results["dispatch BF16", "jax_ep"] = time(
+        "dispatch BF16, jax_ep",
         lambda x, i, w: jax_ep.dispatch(x, i, w, config=config), x, idx, w)
     results["dispatch FP8", "jax_ep"] = time(
+        "dispatch FP8, jax_ep",
         lambda q, s, i, w: jax_ep.dispatch((q, s), i, w, config=config),
         *[np.asarray(a) for a in jax.jit(jax_ep.fp8.quantize)(x)], idx, w)
     results["combine BF16", "jax_ep"] = time(
+        "combine BF16, jax_ep",
         lambda y, s, r, k: jax_ep.combine(y, handle(s, r, k), config=config),
         y, recv_src, send_row, kept)
     if full:
       results["dispatch BF16", "all_to_all"] = time(
+        "dispatch BF16, all_to_all",
           lambda x, i, w: portable.ht_dispatch((x,), i, w, config, num_ranks * t)[0], x, idx, w)
       results["combine BF16", "all_to_all"] = time(
+        "combine BF16, all_to_all",
           lambda y, s, r, k: portable.ht_combine(y, handle(s, r, k)), y, recv_src, send_row, kept)
     if full and jax.devices()[0].platform != "cpu":  # ragged_all_to_all has no CPU lowering
       results["dispatch BF16", "ragged_all_to_all"] = time(
+        "dispatch BF16, ragged_all_to_all",
           lambda x, i: _ragged_dispatch(x, i, config)[0], x, idx, slow=True)
       results["combine BF16", "ragged_all_to_all"] = time(
+        "combine BF16, ragged_all_to_all",
           lambda x, i: _ragged_combine(*_ragged_dispatch(x, i, config), t, config), x, idx,
           slow=True)
     if full:
       results["bare all_to_all", "jax.lax.all_to_all"] = time(
+        "bare all_to_all, jax.lax.all_to_all",
           lambda x: jax.lax.all_to_all(x.reshape(num_ranks, -1, hidden), "ep", 0, 0, tiled=True),
           np.tile(x, (num_ranks, 1)))
     return results, received, remote
