@@ -129,6 +129,20 @@ def _find_nvcc(rctx):
         return nvcc
     return None
 
+def _nvcc_top(rctx, nvcc):
+    """The toolkit root nvcc itself uses (its TOP), or None.
+
+    nvcc may be a wrapper script rather than a symlink (e.g. /usr/local/bin/nvcc
+    running /usr/local/cuda-13.0/bin/nvcc), so its own path does not tell.
+    """
+    result = rctx.execute([nvcc, "-dryrun", "-E", "-x", "cu", "/dev/null"], quiet = True)
+    for line in (result.stdout + "\n" + result.stderr).split("\n"):
+        if line.startswith("#$ TOP="):
+            top = rctx.execute(["readlink", "-f", line[len("#$ TOP="):].strip()], quiet = True).stdout.strip()
+            if top and rctx.path(top).exists:
+                return rctx.path(top)
+    return None
+
 def _local_cuda_impl(rctx):
     _track_requirements(rctx)
     reasons = []
@@ -143,7 +157,7 @@ def _local_cuda_impl(rctx):
         real = rctx.execute(["readlink", "-f", str(nvcc)], quiet = True).stdout.strip()
         if real:
             nvcc = rctx.path(real)
-        cuda_root = nvcc.dirname.dirname
+        cuda_root = _nvcc_top(rctx, nvcc) or nvcc.dirname.dirname
         cccl = cuda_root.get_child("include").get_child("cccl")
         if cccl.exists:
             cccl_include = str(cccl)
