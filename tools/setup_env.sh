@@ -12,7 +12,12 @@
 #   3. pip install -r requirements-dev.txt (skipped while the file is unchanged);
 #   4. pip install --no-build-isolation --no-deps -e . (skipped while the build
 #      inputs -- CMakeLists.txt, cmake/, xla_ffi/, cuda/, pyproject.toml, the
-#      jax_ep/ file list, JAX_EP_CUDA -- are unchanged and the module imports).
+#      jax_ep/ file list, JAX_EP_CUDA -- are unchanged and the module imports);
+#   5. NVSHMEM with the per-QP API (nvidia-nvshmem-cu13==3.8.0), for Bazel's
+#      compile-only check of the RDMA QP branch of cuda/ (//cuda:jax_ep_cuda_qp):
+#      only its headers and libnvshmem_device.a, extracted into .venv/nvshmem-qp/,
+#      never installed into site-packages (the runtime keeps requirements-dev.txt's
+#      3.4.5). Skipped while .venv/nvshmem-qp/ holds that version.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -126,6 +131,73 @@ else
   "${PY}" -c 'import jax_ep._jax_ep_cpu' || die "jax_ep built but jax_ep._jax_ep_cpu does not import"
   echo "${build_hash}" > "${BUILD_STAMP}"
   say "jax_ep built"
+fi
+
+# ---------------------------------------------------------------- 4. NVSHMEM with the QP API
+# Compile-only: @nvshmem_qp (tools/bazel/repositories.bzl) reads this tree.
+NVSHMEM_QP_PIN="nvidia-nvshmem-cu13==3.8.0"
+NVSHMEM_QP_DIR="${VENV}/nvshmem-qp"
+NVSHMEM_QP_STAMP="${NVSHMEM_QP_DIR}/.stamp"   # "<pin> sha256=<wheel digest>", written last
+
+nvshmem_qp_present() {
+  [[ -f "${NVSHMEM_QP_STAMP}" && "$(cut -d' ' -f1 "${NVSHMEM_QP_STAMP}")" == "${NVSHMEM_QP_PIN}" \
+     && -f "${NVSHMEM_QP_DIR}/include/nvshmem.h" \
+     && -f "${NVSHMEM_QP_DIR}/include/non_abi/nvshmem_version.h" \
+     && -f "${NVSHMEM_QP_DIR}/lib/libnvshmem_device.a" ]]
+}
+
+if nvshmem_qp_present; then
+  say "${NVSHMEM_QP_PIN} headers + libnvshmem_device.a already in .venv/nvshmem-qp"
+else
+  say "fetching ${NVSHMEM_QP_PIN} headers + libnvshmem_device.a into .venv/nvshmem-qp (compile-only; ~180 MB wheel, first time only)"
+  download="${VENV}/.nvshmem-qp-download"
+  staging="${NVSHMEM_QP_DIR}.partial"
+  rm -rf "${download}" "${staging}"
+  mkdir -p "${download}"
+  log="${VENV}/.jax_ep_nvshmem_qp.log"
+  if ! "${PY}" -m pip download --disable-pip-version-check --no-deps --only-binary=:all: \
+         "${NVSHMEM_QP_PIN}" -d "${download}" >"${log}" 2>&1; then
+    tail -n 20 "${log}" >&2
+    rm -rf "${download}"
+    die "pip download ${NVSHMEM_QP_PIN} failed (full log: ${log})"
+  fi
+  wheels=("${download}"/nvidia_nvshmem_cu13-*.whl)
+  [[ ${#wheels[@]} -eq 1 && -f "${wheels[0]}" ]] || die "pip download ${NVSHMEM_QP_PIN}: expected one wheel in ${download}"
+  # Only nvidia/nvshmem/include/** and nvidia/nvshmem/lib/libnvshmem_device.a,
+  # without the nvidia/nvshmem/ prefix.
+  if ! "${PY}" - "${wheels[0]}" "${staging}" <<'PYEOF' >>"${log}" 2>&1; then
+import os, shutil, sys, zipfile
+wheel, dest = sys.argv[1:3]
+prefix = "nvidia/nvshmem/"
+count = 0
+with zipfile.ZipFile(wheel) as z:
+  for info in z.infolist():
+    name = info.filename
+    if info.is_dir() or not name.startswith(prefix):
+      continue
+    rel = name[len(prefix):]
+    if not (rel.startswith("include/") or rel == "lib/libnvshmem_device.a"):
+      continue
+    if rel.startswith("/") or ".." in rel.split("/"):
+      sys.exit("unsafe path in wheel: " + name)
+    target = os.path.join(dest, rel)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with z.open(info) as src, open(target, "wb") as dst:
+      shutil.copyfileobj(src, dst)
+    count += 1
+print("extracted %d files" % count)
+PYEOF
+    tail -n 20 "${log}" >&2
+    rm -rf "${download}" "${staging}"
+    die "extracting ${wheels[0]} failed (full log: ${log})"
+  fi
+  digest="$(sha256sum "${wheels[0]}" | cut -d' ' -f1)"
+  rm -rf "${NVSHMEM_QP_DIR}"
+  mv "${staging}" "${NVSHMEM_QP_DIR}"
+  echo "${NVSHMEM_QP_PIN} sha256=${digest}" > "${NVSHMEM_QP_STAMP}"
+  rm -rf "${download}"   # the wheel is ~180 MB; the extracted tree is all Bazel needs
+  nvshmem_qp_present || die "${NVSHMEM_QP_DIR} is incomplete after extracting ${NVSHMEM_QP_PIN}"
+  say "${NVSHMEM_QP_PIN}: $(tail -n 1 "${log}") into .venv/nvshmem-qp"
 fi
 
 cuda_status="$("${PY}" -c 'from jax_ep import _extension as e; print(e.cuda_module_status())' 2>/dev/null || echo unknown)"
