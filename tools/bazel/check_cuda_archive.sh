@@ -4,6 +4,11 @@
 # Checks that the archive holds one object per cuda/*.cu source plus the
 # device-link object, and that the device-link object defines the
 # __cudaRegisterLinkedBinary_* entry point every relocatable object needs.
+# Manifest lines from the rule's expect_undefined / compile_checks add:
+#   undefined <object> <symbol> <source>: the object references the symbol
+#     (nm -u), i.e. the code calling it was compiled in;
+#   compiled <object> <source> <text>: the object is in the archive, so the
+#     source compiled, which proves <text> (e.g. a static_assert held).
 # Writes a JUnit XML report (one test case per check) to $XML_OUTPUT_FILE.
 set -uo pipefail
 
@@ -101,6 +106,26 @@ while read -r _ src obj; do
     pass_case "${name}"
   fi
 done < <(grep '^source ' "${manifest}")
+
+while read -r _ obj sym src; do
+  name="${src}: ${obj} references ${sym}"
+  if [[ ! -s "${workdir}/${obj}" ]]; then
+    fail_case "${name}" "object missing from the archive"
+  elif nm -u "${workdir}/${obj}" | awk '{print $2}' | grep -qx "${sym}"; then
+    pass_case "${name}"
+  else
+    fail_case "${name}" "nm -u ${obj} does not list ${sym}: the code calling it was compiled out"
+  fi
+done < <(grep '^undefined ' "${manifest}")
+
+while read -r _ obj src text; do
+  name="${src} compiled: ${text}"
+  if [[ -s "${workdir}/${obj}" ]]; then
+    pass_case "${name}"
+  else
+    fail_case "${name}" "${obj} missing from the archive"
+  fi
+done < <(grep '^compiled ' "${manifest}")
 
 rm -rf "${workdir}"
 echo "${total} check(s), ${failures} failed"

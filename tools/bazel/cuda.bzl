@@ -3,13 +3,18 @@
 cuda_device_link(name, srcs, hdrs) produces `lib<name>.a` holding one object
 per .cu source (nvcc -rdc=true -c) plus `<name>_dlink.o` (nvcc -dlink against
 NVSHMEM's libnvshmem_device.a), and `<name>.manifest`, a text file the check
-test reads:
+test (//tools/bazel:check_cuda_archive.sh) reads:
 
     status available|unavailable|empty
     reason <text>             (unavailable only)
     nvcc <version line>
     source <path> <object>    (one per source)
     dlink <object>
+    undefined <object> <symbol> <path>     (expect_undefined: the object must reference it)
+    compiled <object> <path> <text>        (compile_checks: compiling <path> proved <text>)
+
+NVSHMEM defaults to the venv's wheel (@local_cuda); `nvshmem_headers` and
+`nvshmem_device_lib` select another tree (@nvshmem_qp).
 """
 
 load(
@@ -28,6 +33,14 @@ def _object_name(src):
 
 def _cuda_device_link_impl(ctx):
     srcs = [f for f in ctx.files.srcs if f.extension == "cu"]
+    by_basename = {s.basename: s for s in srcs}
+    for key in list(ctx.attr.expect_undefined.keys()) + list(ctx.attr.compile_checks.keys()):
+        if key not in by_basename:
+            fail("%s: '%s' is not the basename of a .cu file in srcs (%s)" % (
+                ctx.label,
+                key,
+                ", ".join(sorted(by_basename.keys())),
+            ))
     archive = ctx.outputs.archive
     manifest = ctx.outputs.manifest
 
@@ -43,8 +56,14 @@ def _cuda_device_link_impl(ctx):
         return [DefaultInfo(files = depset([archive, manifest]))]
 
     nvcc = ctx.executable._nvcc
-    nvshmem_headers = ctx.files._nvshmem_headers
-    nvshmem_lib = ctx.files._nvshmem_device_lib[0]
+    nvshmem_headers = ctx.files.nvshmem_headers
+    if len(ctx.files.nvshmem_device_lib) != 1:
+        fail("%s: nvshmem_device_lib %s must be exactly one libnvshmem_device.a, got %s" % (
+            ctx.label,
+            ctx.attr.nvshmem_device_lib.label,
+            [f.path for f in ctx.files.nvshmem_device_lib],
+        ))
+    nvshmem_lib = ctx.files.nvshmem_device_lib[0]
     nvshmem_include = nvshmem_lib.dirname.rsplit("/", 1)[0] + "/include"
 
     include_flags = [
@@ -77,6 +96,14 @@ def _cuda_device_link_impl(ctx):
         obj = ctx.actions.declare_file("_objs/%s/%s" % (ctx.label.name, _object_name(src)))
         objects.append(obj)
         manifest_lines.append("source %s %s" % (src.short_path, obj.basename))
+        for sym in ctx.attr.expect_undefined.get(src.basename, []):
+            manifest_lines.append("undefined %s %s %s" % (obj.basename, sym, src.short_path))
+        if src.basename in ctx.attr.compile_checks:
+            manifest_lines.append("compiled %s %s %s" % (
+                obj.basename,
+                src.short_path,
+                ctx.attr.compile_checks[src.basename].replace("\n", " "),
+            ))
         args = ctx.actions.args()
         args.add("-std=c++17")
         args.add("-arch=" + CUDA_ARCH)
@@ -95,7 +122,7 @@ def _cuda_device_link_impl(ctx):
             ),
             outputs = [obj],
             mnemonic = "NvccCompile",
-            progress_message = "nvcc -rdc=true -c %s" % src.short_path,
+            progress_message = "nvcc -rdc=true -c %s (%s)" % (src.short_path, ctx.label.name),
             use_default_shell_env = True,
         )
 
@@ -114,7 +141,7 @@ def _cuda_device_link_impl(ctx):
         inputs = objects + [nvshmem_lib],
         outputs = [dlink],
         mnemonic = "NvccDeviceLink",
-        progress_message = "nvcc -dlink %d object(s) + libnvshmem_device.a" % len(objects),
+        progress_message = "nvcc -dlink %d object(s) + %s (%s)" % (len(objects), nvshmem_lib.short_path, ctx.label.name),
         use_default_shell_env = True,
     )
 
@@ -144,14 +171,29 @@ cuda_device_link = rule(
         "hdrs": attr.label_list(allow_files = [".cuh", ".h", ".hpp", ".inc"]),
         "deps": attr.label_list(providers = [CcInfo], doc = "Header-only cc_library deps (include paths + headers)."),
         "copts": attr.string_list(),
+        "expect_undefined": attr.string_list_dict(
+            doc = "{source basename: [symbols]}: the source's object must reference each " +
+                  "symbol (nm -u); checked by the archive test.",
+        ),
+        "compile_checks": attr.string_dict(
+            doc = "{source basename: text}: what compiling that source proves (e.g. a " +
+                  "static_assert); reported by the archive test.",
+        ),
+        "nvshmem_headers": attr.label(
+            default = "@local_cuda//:nvshmem_headers",
+            doc = "NVSHMEM headers (<root>/include/**, next to <root>/lib/libnvshmem_device.a).",
+        ),
+        "nvshmem_device_lib": attr.label(
+            default = "@local_cuda//:nvshmem_device_lib",
+            allow_files = [".a"],
+            doc = "libnvshmem_device.a; its ../include is put on the include path.",
+        ),
         "_nvcc": attr.label(
             default = "@local_cuda//:nvcc.sh",
             executable = True,
             cfg = "host",
             allow_single_file = True,
         ),
-        "_nvshmem_headers": attr.label(default = "@local_cuda//:nvshmem_headers"),
-        "_nvshmem_device_lib": attr.label(default = "@local_cuda//:nvshmem_device_lib"),
     },
     doc = "nvcc -rdc compile of each .cu, nvcc -dlink with libnvshmem_device, archived.",
 )
