@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The project's one test command:
 #   1. tools/setup_env.sh  (creates/refreshes .venv, rebuilds jax_ep if needed)
-#   2. bazel test //...     (pytest files, C++ unit tests, CUDA device-link check)
+#   2. bazel test //...     (pytest files, C++ unit tests, CUDA device-link checks:
+#                            against the runtime NVSHMEM 3.4.5, and against 3.8.0
+#                            to compile the RDMA QP branch)
 #   3. counts the individual test cases of this run from the test.xml files;
 #      the last line printed is exactly `N passed, N failed`.
 # Extra arguments go to `bazel test` (e.g. tools/test.sh //tests/cc/...); with
