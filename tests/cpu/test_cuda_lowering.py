@@ -2,7 +2,6 @@
 the expected attributes, side effects and operand order; plus the buffer sizing
 formula against the CUDA extension where it was built."""
 
-import functools
 import re
 
 import jax

@@ -1,6 +1,5 @@
 """Low-latency kernels on GPU against the oracle (run under jax_ep.launch)."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
