@@ -40,7 +40,7 @@ def _ffi(name: str, results, *args, has_side_effect: bool = False, **attrs):
   return jax.ffi.ffi_call(name, results, has_side_effect=has_side_effect)(*args, **attrs)
 
 
-def _first_occurrence(clean_idx: jax.Array) -> jax.Array:
+def first_occurrence(clean_idx: jax.Array) -> jax.Array:
   """bool[T, K]: entry is a valid expert not chosen at an earlier k of its token."""
   num_topk = clean_idx.shape[1]
   same = clean_idx[:, :, None] == clean_idx[:, None, :]
@@ -85,7 +85,7 @@ def layout(topk_idx: jax.Array, *, num_experts: int, num_ranks: int):
         any_invalid,
         jnp.stack([flat_first // num_topk, flat_first % num_topk, idx.reshape(-1)[flat_first]]),
         jnp.array([-1, -1, 0], I32))
-    first = _first_occurrence(clean)
+    first = first_occurrence(clean)
     per_expert = jnp.any((clean[:, :, None] == jnp.arange(num_experts)) & first[:, :, None], axis=1)
     experts_per_rank = num_experts // num_ranks
     owner = jnp.where(clean >= 0, clean // experts_per_rank, -1)
@@ -203,7 +203,7 @@ def ht_compact(recv_idx: jax.Array, recv_w: jax.Array, *, experts_per_rank: int,
     out_idx = jnp.full((capacity, num_topk), -1, I32).at[target].set(flat_idx, mode="drop")
     out_w = jnp.zeros((capacity, num_topk), F32).at[target].set(
         w.reshape(-1, num_topk), mode="drop")
-    first = _first_occurrence(out_idx)
+    first = first_occurrence(out_idx)
     per_expert = (out_idx[:, :, None] == jnp.arange(experts_per_rank)) & first[:, :, None]
     tokens_per_expert = jnp.sum(jnp.any(per_expert, axis=1), axis=0, dtype=I32)
     return recv_src, out_idx, out_w, tokens_per_expert, num_kept, received - num_kept
@@ -227,7 +227,7 @@ def ll_route(clean_idx: jax.Array, *, num_experts: int):
     return _ffi("jax_ep_cpu_ll_route", results, idx, num_experts=np.int64(num_experts))
 
   def jnp_fn(idx):
-    first = _first_occurrence(idx)
+    first = first_occurrence(idx)
     tokens = jnp.arange(num_tokens, dtype=I32)[:, None]
     send_slot = jnp.where(first, idx * num_tokens + tokens, -1)
     chosen = jnp.any((idx[:, :, None] == jnp.arange(num_experts)) & first[:, :, None], axis=1)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from jax_ep import _validate
+from jax_ep import local_ops
 from jax_ep import runtime
 from jax_ep._vma import match_vma
 from jax_ep.config import EpConfig
@@ -246,10 +247,7 @@ def _ll_dispatch_fwd(static, x, idx):
 def _distinct_experts(idx: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array]:
   """(idx with repeats and invalid entries set to -1, 1.0 where kept)."""
   clean = jnp.where((idx >= 0) & (idx < num_experts), idx, -1)
-  num_topk = idx.shape[1]
-  same = clean[:, :, None] == clean[:, None, :]
-  earlier = jnp.tril(jnp.ones((num_topk, num_topk), dtype=bool), k=-1)
-  first = (clean >= 0) & ~jnp.any(same & earlier[None], axis=2)
+  first = local_ops.first_occurrence(clean)
   return jnp.where(first, clean, -1), first.astype(jnp.float32)
 
 

@@ -35,6 +35,15 @@ def _exchange(x: jax.Array, axis_name: str) -> jax.Array:
   return jax.lax.all_to_all(x, axis_name, 0, 0, tiled=True)
 
 
+def _kept_slots(handle: DispatchHandle) -> jax.Array:
+  """int32[T_local, R]: r * T_local + t where token t is kept on rank r, else -1
+  (the token's slot in the [R, T_local, ...] exchange buffer)."""
+  num_tokens, num_ranks = handle.send_row.shape
+  slots = (jnp.arange(num_ranks, dtype=I32)[None] * num_tokens
+           + jnp.arange(num_tokens, dtype=I32)[:, None])
+  return jnp.where(handle.send_row >= 0, slots, -1)
+
+
 def _num_ranks(config: EpConfig) -> int:
   return jax.lax.axis_size(config.axis_name)
 
@@ -94,10 +103,7 @@ class XlaBackend:
     """Moves [T_local, ...] rows along a previous dispatch's layout -> [C, ...]."""
     axis = handle.config.axis_name
     num_tokens, num_ranks = handle.send_row.shape
-    slot = jnp.where(handle.send_row >= 0,
-                     jnp.arange(num_ranks, dtype=I32)[None] * num_tokens
-                     + jnp.arange(num_tokens, dtype=I32)[:, None], -1)
-    packed = local_ops.scatter_rows(payload, slot, num_ranks * num_tokens)
+    packed = local_ops.scatter_rows(payload, _kept_slots(handle), num_ranks * num_tokens)
     received = _exchange(packed.reshape((num_ranks, num_tokens) + payload.shape[1:]), axis)
     return local_ops.gather_rows(
         received.reshape((num_ranks * num_tokens,) + payload.shape[1:]), handle.recv_src)
@@ -108,9 +114,7 @@ class XlaBackend:
     num_tokens, num_ranks = handle.send_row.shape
     packed = local_ops.scatter_rows(rows, handle.recv_src[:, None], num_ranks * num_tokens)
     returned = _exchange(packed.reshape((num_ranks, num_tokens) + rows.shape[1:]), axis)
-    index = jnp.where(handle.send_row >= 0,
-                      jnp.arange(num_ranks, dtype=I32)[None] * num_tokens
-                      + jnp.arange(num_tokens, dtype=I32)[:, None], -1)
+    index = _kept_slots(handle)
     return local_ops.gather_reduce(
         returned.reshape((num_ranks * num_tokens,) + rows.shape[1:]), index,
         jnp.ones(index.shape, F32))

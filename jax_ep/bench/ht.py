@@ -104,8 +104,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
       return d.x, d.num_tokens[None], d.handle.recv_src, d.handle.send_row
     once = jax.jit(jax.shard_map(dispatch_once, mesh=mesh, in_specs=jax.P("ep"),
                                  out_specs=jax.P("ep")))
-    glob = lambda a: jax.make_array_from_process_local_data(  # noqa: E731
-        jax.NamedSharding(mesh, jax.P("ep")), a, (a.shape[0] * num_ranks,) + a.shape[1:])
+    glob = lambda a: timing.global_array(mesh, a)  # noqa: E731
     y, kept, recv_src, send_row = (np.asarray(o.addressable_shards[0].data)
                                    for o in once(glob(x), glob(idx), glob(w)))
     received = int(kept[0])

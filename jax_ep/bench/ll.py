@@ -40,8 +40,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     return d.x, d.count, d.handle.recv_src
   once = jax.jit(jax.shard_map(dispatch_once, mesh=mesh, in_specs=jax.P("ep"),
                                out_specs=jax.P("ep")))
-  glob = lambda a: jax.make_array_from_process_local_data(  # noqa: E731
-      jax.NamedSharding(mesh, jax.P("ep")), a, (a.shape[0] * num_ranks,) + a.shape[1:])
+  glob = lambda a: timing.global_array(mesh, a)  # noqa: E731
   y, count, recv_src = (np.asarray(o.addressable_shards[0].data) for o in once(glob(x), glob(idx)))
   recv_rows = int(count.sum())
   experts_per_rank = num_experts // num_ranks

@@ -61,9 +61,7 @@ def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
   looped = loop_of(per_shard_op, num_calls)
   fn = jax.jit(jax.shard_map(lambda *a: looped(*a)[None], mesh=mesh, in_specs=P("ep"),
                              out_specs=P("ep")))
-  sharding = NamedSharding(mesh, P("ep"))
-  args = [jax.make_array_from_process_local_data(
-      sharding, a, (a.shape[0] * jax.device_count(),) + a.shape[1:]) for a in local_args]
+  args = [global_array(mesh, a) for a in local_args]
   jax.block_until_ready(fn(*args))  # compile + warm up
   jax.block_until_ready(fn(*args))
   if after_warmup is not None:
@@ -74,6 +72,12 @@ def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
     jax.block_until_ready(fn(*args))
     samples.append((time.perf_counter() - start) * 1e6 / num_calls)
   return Timing(statistics.median(samples), min(samples), max(samples), num_calls, repeats)
+
+
+def global_array(mesh: jax.sharding.Mesh, local: np.ndarray) -> jax.Array:
+  """The EP-sharded global array whose shard on this process is ``local``."""
+  return jax.make_array_from_process_local_data(
+      NamedSharding(mesh, P("ep")), local, (local.shape[0] * jax.device_count(),) + local.shape[1:])
 
 
 def gather_max(value: float) -> float:
