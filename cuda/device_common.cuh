@@ -25,6 +25,19 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* ptr) {
   return value;
 }
 
+__device__ __forceinline__ uint32_t ld_acquire_sys_u32(const uint32_t* ptr) {
+  uint32_t value;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(ptr) : "memory");
+  return value;
+}
+
+// Adds to a (possibly peer-mapped) counter with release semantics: the
+// caller's earlier writes, and those ordered before them (e.g. by
+// __syncwarp), are visible to whoever acquires the new value.
+__device__ __forceinline__ void red_add_release_sys(uint32_t* ptr, uint32_t value) {
+  asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(ptr), "r"(value) : "memory");
+}
+
 __device__ __forceinline__ void st_release_sys(uint64_t* ptr, uint64_t value) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ptr), "l"(value) : "memory");
 }
@@ -122,6 +135,27 @@ __device__ __forceinline__ uint32_t wait_flag(const uint64_t* flag, uint32_t seq
       if (global_timer_ns() - start > timeout_ns) {
         record_fault(status, kStatusTimeout, op, peer, detail);
         return kFlagTimedOut;
+      }
+    }
+  }
+}
+
+// Waits (one thread) until the counter reaches `expected`; false after
+// recording a timeout (or when an earlier fault was recorded).
+__device__ __forceinline__ bool wait_count(const uint32_t* counter, uint32_t expected,
+                                           uint64_t timeout_ns, DeviceStatus* status, uint32_t op,
+                                           int32_t peer, int32_t detail) {
+  if (ld_acquire_sys_u32(counter) >= expected) return true;
+  const uint64_t start = global_timer_ns();
+  uint32_t polls = 0;
+  while (true) {
+    if (ld_acquire_sys_u32(counter) >= expected) return true;
+    if (polls > 64u) __nanosleep(32);
+    if ((++polls & 1023u) == 0u) {
+      if (fault_recorded(status)) return false;
+      if (global_timer_ns() - start > timeout_ns) {
+        record_fault(status, kStatusTimeout, op, peer, detail);
+        return false;
       }
     }
   }

@@ -50,11 +50,10 @@ struct DeviceCounters {
   uint32_t ll_dispatch_recv_done;
   uint32_t ll_combine_send_done;
   uint32_t ll_combine_recv_done;
-  uint32_t ht_send_done;
-  uint32_t ht_recv_done;
+  uint32_t ht_dispatch_done;
   uint32_t ht_combine_send_done;
   uint32_t ht_combine_recv_done;
-  uint32_t reserved[2];
+  uint32_t reserved[3];
 };
 
 // Optional in-kernel timing (JAX_EP_PROFILE=1 at initialisation), per LL

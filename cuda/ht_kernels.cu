@@ -3,7 +3,7 @@
 // PROTOCOL (seq = the op's call sequence number, the same on every rank; flags
 // are (seq << 32 | value) words, never reset; buffers in ht_types.h)
 //
-// dispatch = three kernels launched back to back by one custom call:
+// dispatch = two kernels launched back to back by one custom call:
 //   ht_notify (1 block): counts this rank's tokens per destination rank
 //     (a token counts once per rank), writes that row into every rank's
 //     counts[me][*] and then sets notify_flags[me] there (st.release.sys).
@@ -11,25 +11,36 @@
 //     decides the layout: on receiver r, source s's rows start at
 //     sum_{s'<s} counts[s'][r], in source token order; rows at or past the
 //     capacity are dropped (send_row = -1). Writes send_row [T, R] and HtPlan.
-//   ht_send (num_sms blocks): one warp per token pushes its row (16-byte
-//     stores), scales, source token index and top-k (rewritten to the
-//     receiver's local experts) straight to its final row in each
-//     destination's recv_* buffers. Every thread fences; the last block sets
-//     dispatch_flags[me] = seq on every rank.
-//   ht_recv (num_sms blocks): waits for every source's dispatch flag, copies
-//     the received rows into the XLA outputs (rows are already in (source
-//     rank, source token) order), zero-fills padding, counts tokens per local
-//     expert.
-// Buffer reuse: a peer writes this rank's counts/recv_* for the next dispatch
-// only after this rank's notify flag of that dispatch, which this rank sends
-// after it finished copying out the previous one (stream order).
+//   ht_dispatch (num_sms blocks, two roles running at the same time):
+//     senders (the first blocks): one warp per token loads its row once
+//       (16-byte loads) and stores it, with its scales, source token index
+//       and top-k (rewritten to the receiver's local experts), straight to its
+//       final row in each destination's recv_* buffers; the rows for this rank
+//       itself go straight into the XLA outputs instead (no second copy).
+//       After each remote row: __syncwarp, then one red.release.sys add of 1
+//       to the receiver's chunk_arrived[me][c], c = (row - first row of this
+//       rank there) / kHtChunkRows.
+//     receivers (the last blocks, about a third): for every chunk of rows
+//       from another source below the capacity, one thread waits (bounded)
+//       until chunk_arrived[s][c] equals the chunk's row count (known from
+//       the count exchange), resets it to 0, and the block copies those rows
+//       into the XLA outputs, while the other chunks are still in flight;
+//       then zero-fill the padding. Every block counts tokens per local
+//       expert of the rows it placed. The last block writes num_tokens.
+//     Senders never wait, so no block waits for one of its own kernel.
+// Buffer reuse: a peer writes this rank's counts/recv_*/chunk_arrived for the
+// next dispatch only after this rank's notify flag of that dispatch, which
+// this rank sends after it finished copying out (and resetting the counters
+// of) the previous one (stream order).
 //
 // combine = two kernels:
-//   ht_combine_send: received row i (source s, token t) goes to s's
+//   ht_combine_send: received row i (source s != me, token t) goes to s's
 //     combine_recv[p][me][t] (p = seq parity); then every thread fences and
-//     the last block sets combine_flags[p][me] = seq on every rank.
+//     the last block sets combine_flags[p][me] = seq on every rank. Rows
+//     whose source is this rank stay where they are, in y.
 //   ht_combine_recv: waits for every rank's combine flag; out[t] = sum over
-//     ranks r with send_row[t][r] >= 0 of combine_recv[p][r][t], in fp32.
+//     ranks r with send_row[t][r] >= 0 of combine_recv[p][r][t] (r != me) or
+//     y[send_row[t][me]] (r == me), in fp32, in rank order.
 // A combine sends without a handshake, so its buffers alternate by parity: a
 // peer can write parity p again two combines later only after receiving this
 // rank's rows of the combine in between, sent after this rank read parity p.
@@ -50,9 +61,51 @@ constexpr int kNotifyThreads = 1024;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarpSize;
 
-__device__ __forceinline__ void warp_copy_bytes(char* dst, const char* src, size_t bytes,
+// Scales rows are whole float32 words.
+__device__ __forceinline__ void warp_copy_words(void* dst, const void* src, size_t bytes,
                                                 int lane) {
-  for (size_t i = lane; i < bytes; i += kWarpSize) dst[i] = src[i];
+  const int words = static_cast<int>(bytes / 4);
+  for (int i = lane; i < words; i += kWarpSize) {
+    static_cast<uint32_t*>(dst)[i] = static_cast<const uint32_t*>(src)[i];
+  }
+}
+
+// Exclusive prefix sum over the threads of the block, for each of the
+// kHtMaxRanks per-thread values in `v` (in place); `totals` gets the sums.
+// `s_warp` is shared scratch of [32][kHtMaxRanks]. All threads must call it.
+__device__ __forceinline__ void block_exclusive_scan(int (&v)[kHtMaxRanks],
+                                                     int (*s_warp)[kHtMaxRanks], int* totals) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int num_warps = blockDim.x / kWarpSize;
+  int inclusive[kHtMaxRanks];
+#pragma unroll
+  for (int r = 0; r < kHtMaxRanks; ++r) {
+    inclusive[r] = v[r];
+#pragma unroll
+    for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+      const int other = __shfl_up_sync(0xffffffffu, inclusive[r], offset);
+      if (lane >= offset) inclusive[r] += other;
+    }
+    if (lane == kWarpSize - 1) s_warp[warp][r] = inclusive[r];
+  }
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int r = 0; r < kHtMaxRanks; ++r) {
+      const int own = lane < num_warps ? s_warp[lane][r] : 0;
+      int running = own;
+#pragma unroll
+      for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+        const int other = __shfl_up_sync(0xffffffffu, running, offset);
+        if (lane >= offset) running += other;
+      }
+      if (lane < num_warps) s_warp[lane][r] = running - own;
+      if (lane == kWarpSize - 1) totals[r] = running;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kHtMaxRanks; ++r) v[r] = inclusive[r] - v[r] + s_warp[warp][r];
 }
 
 // Bitmask of the ranks token t goes to (a token counts once per rank).
@@ -74,7 +127,7 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
     ht_notify(HtContext ctx, const int32_t* __restrict__ topk_idx, int num_tokens, int capacity,
               int32_t* __restrict__ out_send_row, int32_t* __restrict__ out_num_invalid,
               int32_t* __restrict__ out_tokens_per_expert) {
-  __shared__ int s_count[kNotifyThreads][kHtMaxRanks];  // per-thread counts, then prefixes
+  __shared__ int s_warp[kWarpSize][kHtMaxRanks];  // scan scratch
   __shared__ int s_total[kHtMaxRanks];
   __shared__ int s_matrix[kHtMaxRanks][kHtMaxRanks];
   __shared__ int s_invalid;
@@ -87,30 +140,18 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
   const int t1 = min(num_tokens, t0 + per_thread);
   if (threadIdx.x == 0) s_invalid = 0;
   for (int e = threadIdx.x; e < d.experts_per_rank; e += blockDim.x) out_tokens_per_expert[e] = 0;
-  int counts[kHtMaxRanks] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int running[kHtMaxRanks] = {0, 0, 0, 0, 0, 0, 0, 0};
   int invalid = 0;
   for (int t = t0; t < t1; ++t) {
     const uint32_t mask = token_ranks(topk_idx + t * d.num_topk, d.num_topk, d.num_experts,
                                       d.experts_per_rank, &invalid);
 #pragma unroll
-    for (int r = 0; r < kHtMaxRanks; ++r) counts[r] += (mask >> r) & 1u;
+    for (int r = 0; r < kHtMaxRanks; ++r) running[r] += (mask >> r) & 1u;
   }
-#pragma unroll
-  for (int r = 0; r < kHtMaxRanks; ++r) s_count[threadIdx.x][r] = counts[r];
-  __syncthreads();
+  __syncthreads();  // s_invalid initialised
   if (invalid) atomicAdd(&s_invalid, invalid);
-  // Exclusive scan over threads, one rank per thread of warp 0.
-  if (threadIdx.x < R) {
-    const int r = threadIdx.x;
-    int running = 0;
-    for (int i = 0; i < static_cast<int>(blockDim.x); ++i) {
-      const int c = s_count[i][r];
-      s_count[i][r] = running;
-      running += c;
-    }
-    s_total[r] = running;
-  }
-  __syncthreads();
+  // running[r] becomes this thread's first row among this rank's rows for r.
+  block_exclusive_scan(running, s_warp, s_total);
   // Publish this rank's row of the count matrix to every rank, then its flag.
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
@@ -150,9 +191,6 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
     *out_num_invalid = s_invalid;
   }
   __syncthreads();
-  int running[kHtMaxRanks];
-#pragma unroll
-  for (int r = 0; r < kHtMaxRanks; ++r) running[r] = r < R ? s_count[threadIdx.x][r] : 0;
   for (int t = t0; t < t1; ++t) {
     int dummy = 0;
     const uint32_t mask = token_ranks(topk_idx + t * d.num_topk, d.num_topk, d.num_experts,
@@ -168,77 +206,139 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
   }
 }
 
+// Counts each local expert of a row once (first occurrence among the lanes
+// < num_topk holding it); `local` is the lane's local expert or -1.
+__device__ __forceinline__ void count_row_experts(int local, int num_topk, int* s_tpe, int lane) {
+  bool first = local >= 0;
+  for (int j = 0; j < num_topk; ++j) {
+    const int other = __shfl_sync(0xffffffffu, local, j);
+    if (j < lane && other == local) first = false;
+  }
+  if (first && local < 1024) atomicAdd(&s_tpe[local], 1);
+}
+
 template <bool kHasScales>
-__global__ void __launch_bounds__(kThreads, 1)
-    ht_send(HtContext ctx, HtDispatchArgs args) {
+__device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const HtDispatchArgs& args,
+                                                   int send_block, int num_send_blocks,
+                                                   int* s_tpe, const int* s_row_offset) {
+  // Where rows for rank r go: r's recv_x, or this rank's XLA output for r == me.
+  __shared__ char* s_dst_x[kHtMaxRanks];
+  __shared__ size_t s_dst_stride[kHtMaxRanks];
+  __shared__ int s_rows[kWarps][kHtMaxRanks];
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
-  const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_dispatch_seq) + 1;
   const HtBuffers& b = ctx.buffers;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int global_warp = blockIdx.x * kWarps + warp;
   const int num_vec = static_cast<int>(args.row_bytes / 16);
-  for (int t = global_warp; t < args.num_tokens; t += gridDim.x * kWarps) {
+  constexpr int kUnroll = 8;
+  if (threadIdx.x < R) {
+    const int r = threadIdx.x;
+    const bool self = r == d.rank;
+    s_dst_x[r] = self ? static_cast<char*>(args.out_x)
+                      : static_cast<char*>(transport::peer_ptr(b.recv_x, r));
+    s_dst_stride[r] = self ? args.row_bytes : b.row_bytes;
+  }
+  __syncthreads();
+  for (int t = send_block * kWarps + warp; t < args.num_tokens; t += num_send_blocks * kWarps) {
+    if (lane < R) s_rows[warp][lane] = args.out_send_row[t * R + lane];
+    __syncwarp();
     const int4* src = reinterpret_cast<const int4*>(static_cast<const char*>(args.x) +
                                                     static_cast<size_t>(t) * args.row_bytes);
+    // Each batch of the row is loaded once and stored to every destination.
+    for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
+      int4 tmp[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = base + u * kWarpSize + lane;
+        if (v < num_vec) tmp[u] = ld_nc_v4(src + v);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int row = s_rows[warp][r];
+        if (row < 0) continue;
+        int4* dst = reinterpret_cast<int4*>(s_dst_x[r] + static_cast<size_t>(row) * s_dst_stride[r]);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int v = base + u * kWarpSize + lane;
+          if (v < num_vec) st_na_v4(dst + v, tmp[u]);
+        }
+      }
+    }
     for (int r = 0; r < R; ++r) {
-      const int row = args.out_send_row[t * R + r];
+      const int row = s_rows[warp][r];
       if (row < 0) continue;
-      char* base = static_cast<char*>(transport::peer_ptr(b.recv_x, r));
-      warp_copy(reinterpret_cast<int4*>(base + static_cast<size_t>(row) * b.row_bytes), src,
-                num_vec, lane);
+      const bool self = r == d.rank;
       if constexpr (kHasScales) {
-        char* scales = static_cast<char*>(transport::peer_ptr(b.recv_scales, r));
-        warp_copy_bytes(scales + static_cast<size_t>(row) * args.scale_bytes,
+        void* scales = self ? args.out_scales : transport::peer_ptr(b.recv_scales, r);
+        warp_copy_words(static_cast<char*>(scales) + static_cast<size_t>(row) * args.scale_bytes,
                         static_cast<const char*>(args.scales) +
                             static_cast<size_t>(t) * args.scale_bytes,
                         args.scale_bytes, lane);
       }
+      int local = -1;
       if (lane < d.num_topk) {
         const int e = args.topk_idx[t * d.num_topk + lane];
         const bool mine = e >= 0 && e < d.num_experts && e / d.experts_per_rank == r;
-        auto* idx = static_cast<int32_t*>(transport::peer_ptr(b.recv_idx, r));
-        auto* w = static_cast<float*>(transport::peer_ptr(b.recv_w, r));
-        idx[row * d.num_topk + lane] = mine ? e - r * d.experts_per_rank : -1;
+        local = mine ? e - r * d.experts_per_rank : -1;
+        auto* idx = self ? args.out_idx : static_cast<int32_t*>(transport::peer_ptr(b.recv_idx, r));
+        auto* w = self ? args.out_w : static_cast<float*>(transport::peer_ptr(b.recv_w, r));
+        idx[row * d.num_topk + lane] = local;
         w[row * d.num_topk + lane] = mine ? args.topk_weights[t * d.num_topk + lane] : 0.0f;
       }
-      if (lane == 0) static_cast<int32_t*>(transport::peer_ptr(b.recv_src, r))[row] = t;
+      if (self) {
+        if (lane == 0) args.out_recv_src[row] = d.rank * args.num_tokens + t;
+        count_row_experts(local, d.num_topk, s_tpe, lane);
+      } else {
+        if (lane == 0) static_cast<int32_t*>(transport::peer_ptr(b.recv_src, r))[row] = t;
+        __syncwarp();  // every lane's stores of this row come before the release below
+        if (lane == 0) {
+          const int chunk = (row - s_row_offset[r]) / kHtChunkRows;
+          red_add_release_sys(static_cast<uint32_t*>(transport::peer_ptr(
+                                  b.chunk_arrived + d.rank * b.chunks_per_source + chunk, r)),
+                              1u);
+        }
+      }
     }
-  }
-  if (arrive_is_last_block(&ctx.counters->ht_send_done)) {
-    for (int r = threadIdx.x; r < R; r += blockDim.x) {
-      transport::set_flag(b.dispatch_flags + d.rank, make_flag(seq, 1), r, nullptr, 0);
-    }
+    __syncwarp();  // s_rows[warp] is rewritten for the next token
   }
 }
 
 template <bool kHasScales>
-__global__ void __launch_bounds__(kThreads, 1)
-    ht_recv(HtContext ctx, HtDispatchArgs args) {
-  __shared__ int s_prefix[kHtMaxRanks + 1];
-  __shared__ int s_tpe[1024];
+__device__ __forceinline__ void dispatch_recv_role(const HtContext& ctx, const HtDispatchArgs& args,
+                                                   int recv_block, int num_recv_blocks,
+                                                   int* s_tpe, const int* s_prefix, int kept) {
+  __shared__ int s_chunk_ok;
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
-  const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_dispatch_seq) + 1;
   const HtBuffers& b = ctx.buffers;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  for (int s = threadIdx.x; s < R; s += blockDim.x) {
-    wait_flag(b.dispatch_flags + s, seq, ctx.timeout_ns, ctx.status, kOpHtDispatch, s, 0);
-  }
-  for (int i = threadIdx.x; i <= R; i += blockDim.x) s_prefix[i] = ctx.plan->recv_prefix[i];
-  for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) s_tpe[e] = 0;
-  __syncthreads();
-  const int received = s_prefix[R];
-  const int kept = min(received, args.capacity);
   const int num_vec = static_cast<int>(args.row_bytes / 16);
-  for (int row = blockIdx.x * kWarps + warp; row < args.capacity; row += gridDim.x * kWarps) {
-    int4* dst = reinterpret_cast<int4*>(static_cast<char*>(args.out_x) +
-                                        static_cast<size_t>(row) * args.row_bytes);
-    if (row < kept) {
-      warp_copy(dst, reinterpret_cast<const int4*>(b.recv_x + static_cast<size_t>(row) * b.row_bytes),
+  // Chunks of rows from other sources, below the capacity, in (source, chunk) order.
+  int num_chunks[kHtMaxRanks];
+  int total_chunks = 0;
+  for (int s = 0; s < R; ++s) {
+    const int rows = s == d.rank ? 0 : max(0, min(s_prefix[s + 1], kept) - s_prefix[s]);
+    num_chunks[s] = (rows + kHtChunkRows - 1) / kHtChunkRows;
+    total_chunks += num_chunks[s];
+  }
+  for (int item = recv_block; item < total_chunks; item += num_recv_blocks) {
+    int s = 0, c = item;
+    while (c >= num_chunks[s]) c -= num_chunks[s++];
+    const int first = s_prefix[s] + c * kHtChunkRows;
+    const int last = min(min(s_prefix[s + 1], kept), first + kHtChunkRows);
+    if (threadIdx.x == 0) {
+      uint32_t* counter = b.chunk_arrived + s * b.chunks_per_source + c;
+      s_chunk_ok = wait_count(counter, static_cast<uint32_t>(last - first), ctx.timeout_ns,
+                              ctx.status, kOpHtDispatch, s, c);
+      *counter = 0u;  // every add of this chunk has landed: ready for the next dispatch
+    }
+    __syncthreads();
+    for (int row = first + warp; row < last; row += kWarps) {
+      warp_copy(reinterpret_cast<int4*>(static_cast<char*>(args.out_x) +
+                                        static_cast<size_t>(row) * args.row_bytes),
+                reinterpret_cast<const int4*>(b.recv_x + static_cast<size_t>(row) * b.row_bytes),
                 num_vec, lane);
       if constexpr (kHasScales) {
-        warp_copy_bytes(static_cast<char*>(args.out_scales) + static_cast<size_t>(row) * args.scale_bytes,
+        warp_copy_words(static_cast<char*>(args.out_scales) + static_cast<size_t>(row) * args.scale_bytes,
                         reinterpret_cast<const char*>(b.recv_scales) +
                             static_cast<size_t>(row) * args.scale_bytes,
                         args.scale_bytes, lane);
@@ -249,37 +349,60 @@ __global__ void __launch_bounds__(kThreads, 1)
         args.out_idx[row * d.num_topk + lane] = local;
         args.out_w[row * d.num_topk + lane] = b.recv_w[row * d.num_topk + lane];
       }
-      // Count each local expert once per row.
-      bool first = local >= 0;
-      for (int j = 0; j < d.num_topk; ++j) {
-        const int other = __shfl_sync(0xffffffffu, local, j);
-        if (j < lane && other == local) first = false;
-      }
-      if (first && local < 1024) atomicAdd(&s_tpe[local], 1);
-      if (lane == 0) {
-        int s = 0;
-        while (s + 1 < R && row >= s_prefix[s + 1]) ++s;
-        args.out_recv_src[row] = s * args.num_tokens + b.recv_src[row];
-      }
-    } else {
-      for (int v = lane; v < num_vec; v += kWarpSize) dst[v] = make_int4(0, 0, 0, 0);
-      if constexpr (kHasScales) {
-        for (size_t i = lane; i < args.scale_bytes; i += kWarpSize) {
-          static_cast<char*>(args.out_scales)[static_cast<size_t>(row) * args.scale_bytes + i] = 0;
-        }
-      }
-      if (lane < d.num_topk) {
-        args.out_idx[row * d.num_topk + lane] = -1;
-        args.out_w[row * d.num_topk + lane] = 0.0f;
-      }
-      if (lane == 0) args.out_recv_src[row] = -1;
+      count_row_experts(local, d.num_topk, s_tpe, lane);
+      if (lane == 0) args.out_recv_src[row] = s * args.num_tokens + b.recv_src[row];
     }
+    __syncthreads();  // s_chunk_ok is rewritten for the next chunk
+  }
+  // Padding rows [kept, capacity).
+  for (int row = kept + recv_block * kWarps + warp; row < args.capacity;
+       row += num_recv_blocks * kWarps) {
+    int4* dst = reinterpret_cast<int4*>(static_cast<char*>(args.out_x) +
+                                        static_cast<size_t>(row) * args.row_bytes);
+    for (int v = lane; v < num_vec; v += kWarpSize) dst[v] = make_int4(0, 0, 0, 0);
+    if constexpr (kHasScales) {
+      auto* scales = reinterpret_cast<uint32_t*>(static_cast<char*>(args.out_scales) +
+                                                 static_cast<size_t>(row) * args.scale_bytes);
+      for (int i = lane; i < static_cast<int>(args.scale_bytes / 4); i += kWarpSize) scales[i] = 0u;
+    }
+    if (lane < d.num_topk) {
+      args.out_idx[row * d.num_topk + lane] = -1;
+      args.out_w[row * d.num_topk + lane] = 0.0f;
+    }
+    if (lane == 0) args.out_recv_src[row] = -1;
+  }
+}
+
+template <bool kHasScales>
+__global__ void __launch_bounds__(kThreads, 1)
+    ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks) {
+  __shared__ int s_prefix[kHtMaxRanks + 1];
+  __shared__ int s_row_offset[kHtMaxRanks];
+  __shared__ int s_tpe[1024];
+  const EpDims d = ctx.dims;
+  const int R = d.num_ranks;
+  const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_dispatch_seq) + 1;
+  for (int i = threadIdx.x; i <= R; i += blockDim.x) s_prefix[i] = ctx.plan->recv_prefix[i];
+  for (int r = threadIdx.x; r < R; r += blockDim.x) s_row_offset[r] = ctx.plan->row_offset[r];
+  for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) s_tpe[e] = 0;
+  __syncthreads();
+  const int received = s_prefix[R];
+  const int kept = min(received, args.capacity);
+  // With a single block, it sends first and then receives.
+  const bool single = gridDim.x == 1;
+  if (single || static_cast<int>(blockIdx.x) < num_send_blocks) {
+    dispatch_send_role<kHasScales>(ctx, args, blockIdx.x, num_send_blocks, s_tpe, s_row_offset);
+  }
+  if (single || static_cast<int>(blockIdx.x) >= num_send_blocks) {
+    const int recv_block = single ? 0 : blockIdx.x - num_send_blocks;
+    const int num_recv_blocks = single ? 1 : gridDim.x - num_send_blocks;
+    dispatch_recv_role<kHasScales>(ctx, args, recv_block, num_recv_blocks, s_tpe, s_prefix, kept);
   }
   __syncthreads();
   for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) {
     if (s_tpe[e]) atomicAdd(args.out_tokens_per_expert + e, s_tpe[e]);
   }
-  if (arrive_is_last_block(&ctx.counters->ht_recv_done) && threadIdx.x == 0) {
+  if (arrive_is_last_block(&ctx.counters->ht_dispatch_done) && threadIdx.x == 0) {
     *args.out_num_tokens = kept;
     *args.out_num_dropped = received - kept;
     ctx.counters->ht_dispatch_seq = seq;
@@ -300,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int src = args.recv_src[i];
     if (src < 0 || args.num_local_tokens <= 0) continue;
     const int s = src / args.num_local_tokens, t = src % args.num_local_tokens;
-    if (s >= R) continue;
+    if (s >= R || s == d.rank) continue;  // own rows are read from y by ht_combine_recv
     char* dst = static_cast<char*>(transport::peer_ptr(recv_base, s)) +
                 (static_cast<size_t>(d.rank) * d.max_tokens + t) * row_bytes;
     warp_copy(reinterpret_cast<int4*>(dst),
@@ -327,24 +450,58 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
   const int num_vec = d.hidden / 8;
-  const int total = args.num_local_tokens * num_vec;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const int t = i / num_vec, v = i % num_vec;
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int r = 0; r < R; ++r) {
-      if (args.send_row[t * R + r] < 0) continue;
-      const int4 raw = ld_nc_v4(reinterpret_cast<const int4*>(
-          recv_base + (static_cast<size_t>(r) * d.max_tokens + t) * row_bytes) + v);
-      const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw);
+  const int valid = min(*args.num_tokens, args.capacity);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  // One warp per token; kBatch independent 16-byte loads per lane and source
+  // in flight (the sum is latency-bound otherwise).
+  constexpr int kBatch = 8;
+  for (int t = blockIdx.x * kWarps + warp; t < args.num_local_tokens; t += gridDim.x * kWarps) {
+    const int my_row = lane < R ? args.send_row[t * R + lane] : -1;
+    for (int base = 0; base < num_vec; base += kBatch * kWarpSize) {
+      float acc[kBatch][8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] += __bfloat162float(vals[j]);
+      for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[u][j] = 0.0f;
+      }
+      for (int r = 0; r < R; ++r) {
+        const int row = __shfl_sync(0xffffffffu, my_row, r);
+        if (row < 0) continue;
+        const int4* src;
+        if (r == d.rank) {
+          if (row >= valid) continue;
+          src = reinterpret_cast<const int4*>(static_cast<const char*>(args.y) +
+                                              static_cast<size_t>(row) * row_bytes);
+        } else {
+          src = reinterpret_cast<const int4*>(
+              recv_base + (static_cast<size_t>(r) * d.max_tokens + t) * row_bytes);
+        }
+        int4 raw[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int v = base + u * kWarpSize + lane;
+          if (v < num_vec) raw[u] = ld_nc_v4(src + v);
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[u]);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[u][j] += __bfloat162float(vals[j]);
+        }
+      }
+      int4* out_row = reinterpret_cast<int4*>(static_cast<char*>(args.out) +
+                                              static_cast<size_t>(t) * row_bytes);
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int v = base + u * kWarpSize + lane;
+        if (v >= num_vec) continue;
+        int4 packed;
+        __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) outv[j] = __float2bfloat16_rn(acc[u][j]);
+        out_row[v] = packed;
+      }
     }
-    int4 packed;
-    __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(&packed);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) out[j] = __float2bfloat16_rn(acc[j]);
-    reinterpret_cast<int4*>(static_cast<char*>(args.out) + static_cast<size_t>(t) * row_bytes)[v] =
-        packed;
   }
   if (arrive_is_last_block(&ctx.counters->ht_combine_recv_done) && threadIdx.x == 0) {
     ctx.counters->ht_combine_seq = seq;
@@ -363,13 +520,13 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
   ht_notify<<<1, kNotifyThreads, 0, stream>>>(ctx, args.topk_idx, args.num_tokens, args.capacity,
                                               args.out_send_row, args.out_num_invalid,
                                               args.out_tokens_per_expert);
+  // One SM budget for both roles: about a third of the blocks receive.
   const int grid = std::max(1, ctx.num_sms);
+  const int num_send_blocks = grid == 1 ? 1 : grid - std::max(1, grid / 3);
   if (args.scales != nullptr) {
-    ht_send<true><<<grid, kThreads, 0, stream>>>(ctx, args);
-    ht_recv<true><<<grid, kThreads, 0, stream>>>(ctx, args);
+    ht_dispatch<true><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
   } else {
-    ht_send<false><<<grid, kThreads, 0, stream>>>(ctx, args);
-    ht_recv<false><<<grid, kThreads, 0, stream>>>(ctx, args);
+    ht_dispatch<false><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
   }
   return cudaGetLastError();
 }
@@ -385,10 +542,8 @@ cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cud
 cudaError_t PrepareHtKernels() {
   cudaFuncAttributes attrs;
   cudaError_t err = cudaFuncGetAttributes(&attrs, ht_notify);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_send<true>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_send<false>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_recv<true>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_recv<false>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_send);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv);
   return err;

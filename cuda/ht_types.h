@@ -9,6 +9,10 @@
 
 namespace jax_ep::cuda {
 
+// Rows per completion counter of an HT dispatch: the receiver copies a chunk
+// out as soon as its rows have landed, while the rest are still in flight.
+constexpr int kHtChunkRows = 32;
+
 // Symmetric HT buffers (local addresses; peers reached through nvshmem_ptr).
 //   counts            [R][R] int32: row s is written by source s (its tokens per rank)
 //   notify_flags      [R] (seq, 0) from source s once its counts row landed
@@ -17,7 +21,10 @@ namespace jax_ep::cuda {
 //   recv_src          [R*T] int32 source token index of each received row
 //   recv_idx/recv_w   [R*T][K] int32/float32: top-k of each received row, rewritten
 //                     to this rank's local experts (-1 / 0 elsewhere)
-//   dispatch_flags    [R] (seq, rows) from source s once all its rows landed
+//   chunk_arrived     [R][C] uint32, C = ceil(T / kHtChunkRows): rows of source s's
+//                     chunk c (rows s_first + c*kHtChunkRows ..) that have landed here;
+//                     added to by s (one release-add per row), reset to 0 by this
+//                     rank once the chunk is complete
 //   combine_recv[p]   [R][T] bf16 rows: rank r's copy of local token t
 //   combine_flags[p]  [R] (seq, 0) from rank r once its rows landed
 struct HtBuffers {
@@ -28,7 +35,8 @@ struct HtBuffers {
   int32_t* recv_src;
   int32_t* recv_idx;
   float* recv_w;
-  uint64_t* dispatch_flags;
+  uint32_t* chunk_arrived;
+  int chunks_per_source;
   char* combine_recv[2];
   uint64_t* combine_flags[2];
   size_t row_bytes;

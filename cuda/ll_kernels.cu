@@ -99,57 +99,99 @@ __device__ __forceinline__ bool valid_expert(int e, int num_experts) {
   return e >= 0 && e < num_experts;
 }
 
-// Copies `num_vec` int4 from shared memory to `dst` with the whole block.
-__device__ __forceinline__ void block_copy_to(int4* dst, const int4* src, int num_vec) {
-  for (int i = threadIdx.x; i < num_vec; i += blockDim.x) st_na_v4(dst + i, src[i]);
-}
+// A message is [16-byte header: token id][payload]: the bf16 row, or the fp8
+// row then its float32 scales (formula of jax_ep/fp8.py). Every thread owns
+// kPiecesPerThread 16-byte pieces of the payload per round of
+// kChannelsPerRound channels: it loads them (all loads in flight at once),
+// converts them in registers and stores them straight to every destination;
+// nothing goes through shared memory.
+constexpr int kPiecesPerThread = 4;  // bf16 int4 loads per thread per round
+constexpr int kChannelsPerRound = kThreads * kPiecesPerThread * 8;
 
-// Builds the message of token t in shared memory: header, then bf16 row or
-// fp8 row + float32 scales (formula of jax_ep/fp8.py).
 template <bool kFp8>
-__device__ __forceinline__ void build_message(char* msg, const __nv_bfloat16* x, int t, int hidden) {
-  if (threadIdx.x == 0) *reinterpret_cast<int4*>(msg) = make_int4(t, 0, 0, 0);
-  const int4* row = reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * hidden);
-  const int num_vec = hidden / 8;  // 8 bf16 per int4
+struct RoundPieces {
+  // bf16: piece u is input vector (round_vec0 + u * kThreads + tid), stored as is.
+  // fp8: piece u is 16 channels (task round_task0 + u * kThreads + tid) as 16 fp8
+  //      bytes; scale[u] is its 128-channel group's scale (written by sub-lane 0).
+  int4 data[kFp8 ? kPiecesPerThread / 2 : kPiecesPerThread];
+  float scale[kFp8 ? kPiecesPerThread / 2 : 1];
+};
+
+// Loads and converts this thread's pieces of channels [c0, c0 + kChannelsPerRound).
+template <bool kFp8>
+__device__ __forceinline__ RoundPieces<kFp8> load_pieces(const int4* row, int c0, int hidden) {
+  RoundPieces<kFp8> p;
   if constexpr (!kFp8) {
-    int4* payload = reinterpret_cast<int4*>(msg + 16);
-    for (int i = threadIdx.x; i < num_vec; i += blockDim.x) payload[i] = __ldg(row + i);
+    const int num_vec = hidden / 8;
+#pragma unroll
+    for (int u = 0; u < kPiecesPerThread; ++u) {
+      const int v = c0 / 8 + u * kThreads + threadIdx.x;
+      p.data[u] = v < num_vec ? ld_nc_v4(row + v) : make_int4(0, 0, 0, 0);
+    }
   } else {
-    // 16 lanes per 128-channel group; each lane converts 8 channels. Whole
-    // warps iterate together (the shuffles need every lane); lanes past the
-    // last group compute on zeros and store nothing.
-    uint8_t* q = reinterpret_cast<uint8_t*>(msg + 16);
-    float* scales = reinterpret_cast<float*>(msg + 16 + hidden);
-    const int num_tasks = (hidden / 128) * 16;
-    const int rounded = (num_tasks + kWarpSize - 1) / kWarpSize * kWarpSize;
-    for (int base = threadIdx.x; base < rounded; base += blockDim.x) {
-      const bool active = base < num_tasks;
-      const int group = base / 16, lane = base % 16;
-      int4 raw = active ? __ldg(row + group * 16 + lane) : make_int4(0, 0, 0, 0);
-      const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
-      float f[8];
+    // 8 threads (of one warp) per 128-channel group, 16 channels each. All
+    // lanes run the shuffles; lanes past the row compute on zeros.
+    constexpr int kTasks = kPiecesPerThread / 2;
+    const int num_tasks = hidden / 16;
+    int4 raw[kTasks][2];
+#pragma unroll
+    for (int u = 0; u < kTasks; ++u) {
+      const int task = c0 / 16 + u * kThreads + threadIdx.x;
+      const bool active = task < num_tasks;
+      raw[u][0] = active ? ld_nc_v4(row + 2 * task) : make_int4(0, 0, 0, 0);
+      raw[u][1] = active ? ld_nc_v4(row + 2 * task + 1) : make_int4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kTasks; ++u) {
+      const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(raw[u]);
+      float f[16];
       float amax = 0.0f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 16; ++j) {
         f[j] = __bfloat162float(v[j]);
         amax = fmaxf(amax, fabsf(f[j]));
       }
 #pragma unroll
-      for (int offset = 8; offset > 0; offset >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset, 16));
+      for (int offset = 4; offset > 0; offset >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset, 8));
       }
       amax = fmaxf(amax, kMinAmax);
       const float scale_inv = kFp8Max / amax;
-      uint32_t packed[2];
+      uint32_t packed[4];
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 4; ++j) {
         __nv_fp8x4_e4m3 four(make_float4(f[4 * j] * scale_inv, f[4 * j + 1] * scale_inv,
                                          f[4 * j + 2] * scale_inv, f[4 * j + 3] * scale_inv));
         packed[j] = *reinterpret_cast<uint32_t*>(&four);
       }
-      if (!active) continue;
-      *reinterpret_cast<uint2*>(q + group * 128 + lane * 8) = make_uint2(packed[0], packed[1]);
-      if (lane == 0) scales[group] = amax / kFp8Max;
+      p.data[u] = make_int4(static_cast<int>(packed[0]), static_cast<int>(packed[1]),
+                            static_cast<int>(packed[2]), static_cast<int>(packed[3]));
+      p.scale[u] = amax / kFp8Max;
+    }
+  }
+  return p;
+}
+
+// Stores this thread's pieces of the round into the message at `msg`.
+template <bool kFp8>
+__device__ __forceinline__ void store_pieces(char* msg, const RoundPieces<kFp8>& p, int c0,
+                                             int hidden) {
+  int4* payload = reinterpret_cast<int4*>(msg + 16);
+  if constexpr (!kFp8) {
+#pragma unroll
+    for (int u = 0; u < kPiecesPerThread; ++u) {
+      const int v = c0 / 8 + u * kThreads + threadIdx.x;
+      if (v < hidden / 8) st_na_v4(payload + v, p.data[u]);
+    }
+  } else {
+    float* scales = reinterpret_cast<float*>(msg + 16 + hidden);
+#pragma unroll
+    for (int u = 0; u < kPiecesPerThread / 2; ++u) {
+      const int task = c0 / 16 + u * kThreads + threadIdx.x;
+      if (task < hidden / 16) {
+        st_na_v4(payload + task, p.data[u]);
+        if (task % 8 == 0) scales[task / 8] = p.scale[u];
+      }
     }
   }
 }
@@ -159,55 +201,73 @@ __global__ void __launch_bounds__(kThreads, 1)
     ll_dispatch_send(LlContext ctx, const __nv_bfloat16* __restrict__ x,
                      const int32_t* __restrict__ topk_idx, int num_tokens,
                      int32_t* __restrict__ num_invalid_out, uint32_t* __restrict__ ticket_out) {
-  extern __shared__ int4 smem_msg[];
   __shared__ int s_expert[kMaxTopk];
   __shared__ int s_slot[kMaxTopk];
+  __shared__ char* s_dst[kMaxTopk];  // the message's address on its owner; null: RDMA
   __shared__ int s_invalid;
   const EpDims d = ctx.dims;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ll_dispatch_seq) + 1;
   char* recv_base = ctx.buffers.dispatch_recv[seq & 1];
   uint64_t* flags = ctx.buffers.dispatch_flags[seq & 1];
   const size_t msg_bytes = ctx.buffers.message_bytes;
-  char* msg = reinterpret_cast<char*>(smem_msg);
   bool used_rdma = false;
   profile_start(ctx, 0);
 
   for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    const int4* row = reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * d.hidden);
+    // The first round's loads go out before the slot atomics return.
+    RoundPieces<kFp8> pieces = load_pieces<kFp8>(row, 0, d.hidden);
     if (threadIdx.x < d.num_topk) {
       const int k = threadIdx.x;
       const int e = topk_idx[t * d.num_topk + k];
       bool first = valid_expert(e, d.num_experts);
       for (int j = 0; j < k && first; ++j) first = topk_idx[t * d.num_topk + j] != e;
+      const int slot = first ? atomicAdd(ctx.slot_counters + e, 1) : -1;
       s_expert[k] = first ? e : -1;
-      s_slot[k] = first ? atomicAdd(ctx.slot_counters + e, 1) : -1;
-    }
-    build_message<kFp8>(msg, x, t, d.hidden);
-    __syncthreads();
-    bool staged = false;  // block-uniform: the routing lives in shared memory
-    for (int k = 0; k < d.num_topk; ++k) {
-      const int e = s_expert[k];
-      if (e < 0) continue;
-      const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
-      char* dst_local = recv_base +
-          ((static_cast<size_t>(le) * d.num_ranks + d.rank) * d.max_tokens + s_slot[k]) * msg_bytes;
-      void* dst = transport::peer_ptr(dst_local, r);
-      if (dst != nullptr) {
-        block_copy_to(static_cast<int4*>(dst), smem_msg, static_cast<int>(msg_bytes / 16));
-      } else {
-        // RDMA: the source of a put must be symmetric memory; stage once per token.
-        char* stage = ctx.buffers.dispatch_stage + static_cast<size_t>(t) * msg_bytes;
-        if (!staged) {
-          block_copy_to(reinterpret_cast<int4*>(stage), smem_msg, static_cast<int>(msg_bytes / 16));
-          __syncthreads();
-          staged = true;
-        }
-        if (threadIdx.x / kWarpSize == 0) {
-          transport::put_warp(dst_local, stage, msg_bytes, r, ctx.qp_handles, le);
-        }
-        used_rdma = true;
+      s_slot[k] = slot;
+      if (first) {
+        const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
+        char* dst_local = recv_base +
+            ((static_cast<size_t>(le) * d.num_ranks + d.rank) * d.max_tokens + slot) * msg_bytes;
+        s_dst[k] = static_cast<char*>(transport::peer_ptr(dst_local, r));
       }
     }
-    __syncthreads();  // the message buffer is reused by the next token
+    __syncthreads();
+    bool needs_stage = false;  // block-uniform: the routing lives in shared memory
+    for (int k = 0; k < d.num_topk; ++k) needs_stage |= s_expert[k] >= 0 && s_dst[k] == nullptr;
+    // RDMA puts need a symmetric source: the message is staged once per token.
+    char* stage = needs_stage ? ctx.buffers.dispatch_stage + static_cast<size_t>(t) * msg_bytes
+                              : nullptr;
+    for (int c0 = 0; c0 < d.hidden; c0 += kChannelsPerRound) {
+      if (c0 > 0) pieces = load_pieces<kFp8>(row, c0, d.hidden);
+      for (int k = 0; k < d.num_topk; ++k) {
+        if (s_expert[k] < 0 || s_dst[k] == nullptr) continue;
+        store_pieces<kFp8>(s_dst[k], pieces, c0, d.hidden);
+        if (c0 == 0 && threadIdx.x == 0) {
+          st_na_v4(reinterpret_cast<int4*>(s_dst[k]), make_int4(t, 0, 0, 0));
+        }
+      }
+      if (stage != nullptr) {
+        store_pieces<kFp8>(stage, pieces, c0, d.hidden);
+        if (c0 == 0 && threadIdx.x == 0) *reinterpret_cast<int4*>(stage) = make_int4(t, 0, 0, 0);
+      }
+    }
+    if (stage != nullptr) {
+      __syncthreads();  // the staged message is complete
+      if (threadIdx.x / kWarpSize == 0) {
+        for (int k = 0; k < d.num_topk; ++k) {
+          const int e = s_expert[k];
+          if (e < 0 || s_dst[k] != nullptr) continue;
+          const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
+          char* dst_local = recv_base +
+              ((static_cast<size_t>(le) * d.num_ranks + d.rank) * d.max_tokens + s_slot[k]) *
+                  msg_bytes;
+          transport::put_warp(dst_local, stage, msg_bytes, r, ctx.qp_handles, le);
+        }
+      }
+      used_rdma = true;
+    }
+    __syncthreads();  // s_expert/s_slot/s_dst are rewritten for the next token
   }
   transport::complete_block_puts(__syncthreads_or(used_rdma), ctx.qp_handles);
 
@@ -413,14 +473,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t == blockIdx.x) profile_waited(ctx, 3);
     for (int v = threadIdx.x; v < d.hidden / 8; v += blockDim.x) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int k = 0; k < d.num_topk; ++k) {
-        const int e = s_expert[k];
-        if (e < 0) continue;
-        const int4 raw = ld_nc_v4(reinterpret_cast<const int4*>(
-            recv_base + (static_cast<size_t>(e) * d.max_tokens + t) * row_bytes) + v);
-        const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw);
+      // kBatch experts' loads in flight at once, then summed in k order.
+      constexpr int kBatch = 8;
+      for (int k0 = 0; k0 < d.num_topk; k0 += kBatch) {
+        int4 raw[kBatch];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[j] += s_weight[k] * __bfloat162float(vals[j]);
+        for (int j = 0; j < kBatch; ++j) {
+          const int k = k0 + j;
+          const int e = k < d.num_topk ? s_expert[k] : -1;
+          if (e >= 0) {
+            raw[j] = ld_nc_v4(reinterpret_cast<const int4*>(
+                recv_base + (static_cast<size_t>(e) * d.max_tokens + t) * row_bytes) + v);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int k = k0 + j;
+          if (k >= d.num_topk || s_expert[k] < 0) continue;
+          const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[j]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] += s_weight[k] * __bfloat162float(vals[i]);
+        }
       }
       int4 packed;
       __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
@@ -445,15 +518,14 @@ int GridSize(const LlContext& ctx, int work) {
 cudaError_t LaunchLlDispatchSend(const LlContext& ctx, const void* x, const int32_t* topk_idx,
                                  int num_tokens, bool use_fp8, int32_t* num_invalid,
                                  uint32_t* ticket, cudaStream_t stream) {
-  const size_t smem = ctx.buffers.message_bytes;
   const int grid = GridSize(ctx, num_tokens);
   const auto* rows = static_cast<const __nv_bfloat16*>(x);
   if (use_fp8) {
-    ll_dispatch_send<true><<<grid, kThreads, smem, stream>>>(ctx, rows, topk_idx, num_tokens,
-                                                             num_invalid, ticket);
+    ll_dispatch_send<true><<<grid, kThreads, 0, stream>>>(ctx, rows, topk_idx, num_tokens,
+                                                          num_invalid, ticket);
   } else {
-    ll_dispatch_send<false><<<grid, kThreads, smem, stream>>>(ctx, rows, topk_idx, num_tokens,
-                                                              num_invalid, ticket);
+    ll_dispatch_send<false><<<grid, kThreads, 0, stream>>>(ctx, rows, topk_idx, num_tokens,
+                                                           num_invalid, ticket);
   }
   return cudaGetLastError();
 }
@@ -496,7 +568,7 @@ cudaError_t LaunchLlCombineRecv(const LlContext& ctx, const uint32_t* ticket,
 
 cudaError_t PrepareLlKernels() {
   // Load every kernel now (not lazily inside a call while peers spin) and
-  // allow large dynamic shared memory for the message staging buffer.
+  // allow large dynamic shared memory for the receive bitmaps.
   const int max_smem = static_cast<int>(kMaxDynamicSmem);
   cudaError_t err = cudaSuccess;
   for (const void* kernel : {reinterpret_cast<const void*>(ll_dispatch_send<false>),

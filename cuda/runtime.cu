@@ -75,7 +75,7 @@ BufferLayout ComputeLayout(const EpDims& d, bool low_latency, bool high_throughp
     layout.ht_recv_src = take(R * T * sizeof(int32_t));
     layout.ht_recv_idx = take(R * T * K * sizeof(int32_t));
     layout.ht_recv_w = take(R * T * K * sizeof(float));
-    layout.ht_dispatch_flags = take(R * sizeof(uint64_t));
+    layout.ht_chunk_arrived = take(R * ((T + kHtChunkRows - 1) / kHtChunkRows) * sizeof(uint32_t));
     for (int p = 0; p < 2; ++p) {
       layout.ht_combine_recv[p] = take(R * T * 2 * H);
       layout.ht_combine_flags[p] = take(R * sizeof(uint64_t));
@@ -282,7 +282,8 @@ std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_th
     b.recv_src = reinterpret_cast<int32_t*>(base_ + layout.ht_recv_src);
     b.recv_idx = reinterpret_cast<int32_t*>(base_ + layout.ht_recv_idx);
     b.recv_w = reinterpret_cast<float*>(base_ + layout.ht_recv_w);
-    b.dispatch_flags = reinterpret_cast<uint64_t*>(base_ + layout.ht_dispatch_flags);
+    b.chunk_arrived = reinterpret_cast<uint32_t*>(base_ + layout.ht_chunk_arrived);
+    b.chunks_per_source = (dims.max_tokens + kHtChunkRows - 1) / kHtChunkRows;
     for (int p = 0; p < 2; ++p) {
       b.combine_recv[p] = base_ + layout.ht_combine_recv[p];
       b.combine_flags[p] = reinterpret_cast<uint64_t*>(base_ + layout.ht_combine_flags[p]);

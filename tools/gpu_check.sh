@@ -5,9 +5,13 @@
 # machine.txt, build.log, tests_cmdbuf_{on,off}.log, bench.log, bench_{ll,ht}.json,
 # ht_sweep.png.
 #
-#   tools/gpu_check.sh [all|tests|bench|ll|ht] [quick]
+#   tools/gpu_check.sh [all|tests|bench|ll|ht|build] [quick]
 #     ll / ht: that family's tests and benchmark; tests / bench: one half;
-#     quick: skip the long repeated-call tests and the HT sweep.
+#     build: only the build; quick: skip the long repeated-call tests, the HT
+#     sweeps and the ragged_all_to_all baseline.
+# The ragged_all_to_all baseline runs last, in its own process under a time
+# limit (RAGGED_TIMEOUT_S, default 240 s): once it ran for minutes without
+# finishing, and a stall there must not cost the other numbers.
 #
 # Python is the machine's python3 (jax 0.11.2, NVSHMEM wheel, nanobind,
 # scikit-build-core preinstalled); nothing is downloaded.
@@ -23,6 +27,7 @@ export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAS
 export PYTHONUNBUFFERED=1
 SUMMARY="$(mktemp)"
 : > "$SUMMARY"
+: > "$OUT/bench.log"
 status=0
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -46,6 +51,7 @@ print("build: ok; CUDA extension:", _extension.cuda_module_status(),
       "QP API", m.has_qp_api() if m else None)
 PY
 note "build time: $(( $(date +%s) - start )) s"
+[[ "$WHAT" == build ]] && exit 0
 
 run_tests() {  # $1 = label, $2 = pytest -k expression ("" = all), $3 = test path, rest = env
   local label=$1 filter=$2 path=$3
@@ -80,15 +86,24 @@ bench() {  # $1 = mode, rest = extra flags; output streams into $OUT/bench.log a
   shift
   local start_line
   start_line=$(( $(wc -l < "$OUT/bench.log" 2>/dev/null || echo 0) + 1 ))
-  "$PY" -m jax_ep.launch -n 2 -m jax_ep.bench --mode "$mode" --out "$OUT/bench_$mode.json" "$@" \
-      >> "$OUT/bench.log" 2>&1 || { status=1; tail -n +"$start_line" "$OUT/bench.log" | tail -30; }
+  local json=$OUT/bench_$mode.json
+  [[ " $* " == *" --ragged "* ]] && json=$OUT/bench_${mode}_ragged.json
+  timeout "${BENCH_TIMEOUT_S:-900}" "$PY" -m jax_ep.launch -n 2 -m jax_ep.bench --mode "$mode" \
+      --out "$json" "$@" >> "$OUT/bench.log" 2>&1 \
+      || { status=1; note "bench $mode $*: FAILED or timed out"; \
+           tail -n +"$start_line" "$OUT/bench.log" | grep -v "^\[rank [01]\] [IW]1" | tail -15; }
   tail -n +"$start_line" "$OUT/bench.log" | grep -E "^\[rank 0\] " | sed 's/^\[rank 0\] //' \
       | sed -n '/^jax_ep bench/,$p' >> "$SUMMARY"
 }
 
 if [[ "$WHAT" == all || "$WHAT" == bench || "$WHAT" == ll ]]; then bench ll; fi
 if [[ ( "$WHAT" == all || "$WHAT" == bench || "$WHAT" == ht ) && -f jax_ep/bench/ht.py ]]; then
-  if [ -n "$QUICK" ]; then bench ht; else bench ht --sweep --plot "$OUT/ht_sweep.png"; fi
+  if [ -n "$QUICK" ]; then
+    bench ht
+  else
+    bench ht --sm_sweep 8,16,24,32,48 --sweep --plot "$OUT/ht_sweep.png"
+    BENCH_TIMEOUT_S=${RAGGED_TIMEOUT_S:-240} bench ht --ragged
+  fi
 fi
 
 note "total time: $(( $(date +%s) - start )) s"

@@ -21,6 +21,8 @@ flags.DEFINE_integer("seed", 0, "routing/data seed")
 flags.DEFINE_string("out", None, "write results as JSON here")
 flags.DEFINE_bool("sweep", False, "ht: also sweep tokens per rank 128..8192 (JSON + PNG)")
 flags.DEFINE_string("plot", None, "ht --sweep: write the plot PNG here")
+flags.DEFINE_bool("ragged", False, "ht: time only the ragged_all_to_all (MaxText) baseline")
+flags.DEFINE_list("sm_sweep", [], "ht: also time jax_ep at these SM budgets (EpConfig.num_sms)")
 FLAGS = flags.FLAGS
 
 
@@ -51,10 +53,11 @@ def main(argv):
     from jax_ep.bench import ht  # pylint: disable=import-outside-toplevel
     rows, meta = ht.run(FLAGS.tokens or 4096, FLAGS.hidden, FLAGS.num_experts, FLAGS.topk,
                         FLAGS.num_calls, FLAGS.repeats, FLAGS.seed, sweep=FLAGS.sweep,
-                        plot=FLAGS.plot)
+                        plot=FLAGS.plot, ragged=FLAGS.ragged,
+                        sm_sweep=tuple(int(n) for n in FLAGS.sm_sweep))
   results.update(meta=meta, rows=rows)
   if jax.process_index() == 0:
-    brief = {k: v for k, v in meta.items() if k not in ("sweep", "kernel_profile")}
+    brief = {k: v for k, v in meta.items() if k not in ("sweep", "kernel_profile", "sm_sweep")}
     common.print_table(rows, f"jax_ep bench --mode {FLAGS.mode} on {results['device']} "
                              f"({results['date']}): {brief}")
     if meta.get("kernel_profile"):
@@ -63,6 +66,9 @@ def main(argv):
         print(f"  {label}: " + "; ".join(
             f"{k} kernel {v['kernel_us']:.1f} wait {v['wait_us']:.1f} gap {v['gap_after_send_us']:.1f}"
             for k, v in kernels.items()))
+    for point in meta.get("sm_sweep", []):
+      print("SM budget " + ", ".join(f"{k}: {v:.1f} us" if isinstance(v, float) else f"{k}={v}"
+                                     for k, v in point.items()))
     if FLAGS.out:
       common.write_json(FLAGS.out, results)
   jax_ep.finalize()

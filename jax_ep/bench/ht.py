@@ -67,7 +67,15 @@ def _ragged_combine(y, layout, num_tokens: int, config: jax_ep.EpConfig):
 
 
 def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: int,
-        repeats: int, seed: int, sweep: bool = False, plot: str | None = None):
+        repeats: int, seed: int, sweep: bool = False, plot: str | None = None,
+        ragged: bool = False, sm_sweep: tuple[int, ...] = ()):
+  """The HT table (jax_ep, all_to_all, bare all_to_all) at ``tokens`` per rank.
+
+  ``ragged``: time only the ragged_all_to_all baseline instead (slow: it runs as
+  its own invocation so a stall there cannot cost the other numbers).
+  ``sweep``: also jax_ep and all_to_all over tokens per rank 128..8192 (+ PNG).
+  ``sm_sweep``: also jax_ep at each of these SM budgets (EpConfig.num_sms).
+  """
   num_ranks = jax.device_count()
   rank = jax.process_index()
   mesh = jax.make_mesh((num_ranks,), ("ep",))
@@ -76,9 +84,9 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   meta = dict(tokens_per_rank=tokens, hidden=hidden, num_experts=num_experts, topk=num_topk,
               num_ranks=num_ranks, num_calls=num_calls, repeats=repeats)
 
-  def measure(t: int, full: bool):
+  def measure(t: int, full: bool, baselines: bool = True, num_sms: int | None = None):
     config = jax_ep.EpConfig(num_experts=num_experts, hidden=hidden, max_tokens_per_rank=t,
-                             num_topk=num_topk, enable_low_latency=False)
+                             num_topk=num_topk, enable_low_latency=False, num_sms=num_sms)
     jax_ep.initialize(config, mesh)
     rng = np.random.default_rng(seed + rank)
     x = random_rows(rng, (t, hidden))
@@ -115,6 +123,15 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
                             config=config)
 
     results = {}
+    if ragged:
+      results["dispatch BF16", "ragged_all_to_all"] = time(
+        "dispatch BF16, ragged_all_to_all",
+          lambda x, i: _ragged_dispatch(x, i, config)[0], x, idx, slow=True)
+      results["combine BF16", "ragged_all_to_all"] = time(
+        "combine BF16, ragged_all_to_all",
+          lambda x, i: _ragged_combine(*_ragged_dispatch(x, i, config), t, config), x, idx,
+          slow=True)
+      return results, received, remote
     results["dispatch BF16", "jax_ep"] = time(
         "dispatch BF16, jax_ep",
         lambda x, i, w: jax_ep.dispatch(x, i, w, config=config), x, idx, w)
@@ -126,21 +143,13 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
         "combine BF16, jax_ep",
         lambda y, s, r, k: jax_ep.combine(y, handle(s, r, k), config=config),
         y, recv_src, send_row, kept)
-    if full:
+    if baselines:
       results["dispatch BF16", "all_to_all"] = time(
         "dispatch BF16, all_to_all",
           lambda x, i, w: portable.ht_dispatch((x,), i, w, config, num_ranks * t)[0], x, idx, w)
       results["combine BF16", "all_to_all"] = time(
         "combine BF16, all_to_all",
           lambda y, s, r, k: portable.ht_combine(y, handle(s, r, k)), y, recv_src, send_row, kept)
-    if full and jax.devices()[0].platform != "cpu":  # ragged_all_to_all has no CPU lowering
-      results["dispatch BF16", "ragged_all_to_all"] = time(
-        "dispatch BF16, ragged_all_to_all",
-          lambda x, i: _ragged_dispatch(x, i, config)[0], x, idx, slow=True)
-      results["combine BF16", "ragged_all_to_all"] = time(
-        "combine BF16, ragged_all_to_all",
-          lambda x, i: _ragged_combine(*_ragged_dispatch(x, i, config), t, config), x, idx,
-          slow=True)
     if full:
       results["bare all_to_all", "jax.lax.all_to_all"] = time(
         "bare all_to_all, jax.lax.all_to_all",
@@ -157,6 +166,9 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     base = None
     if system == "jax_ep":
       base = results.get((name.replace("FP8", "BF16"), "all_to_all"))
+    system = {"all_to_all": "all_to_all (portable)",
+              "jax_ep": f"jax_ep ({jax_ep.runtime_state().backend_name} backend)"}.get(
+                  system, system)
     label = f"HT {name}" if name != "bare all_to_all" else f"bare all_to_all [R,{tokens},H]"
     rows.append(Row(label, system, us,
                     gbps=(received if name != "bare all_to_all" else num_ranks * tokens)
@@ -164,6 +176,14 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
                     nvlink_gbps=remote * width / us / 1e3 if name != "bare all_to_all" else None,
                     baseline_us=base))
   meta.update(received_rows=received, remote_rows=remote)
+  if ragged:
+    return rows, meta
+  if sm_sweep:
+    budget = []
+    for n in sm_sweep:
+      res, _, _ = measure(tokens, full=False, baselines=False, num_sms=n)
+      budget.append(dict(num_sms=n, **{f"{k} {s}": us for (k, s), us in res.items()}))
+    meta["sm_sweep"] = budget
   if sweep:
     curve = []
     for t in (128, 256, 512, 1024, 2048, 4096, 8192):
@@ -181,12 +201,15 @@ def _plot(curve: list[dict], hidden: int, path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
-  tokens = [c["tokens"] for c in curve]
-  for key in [k for k in curve[0] if k.endswith("jax_ep")]:
+  systems = [k for k in curve[0] if k not in ("tokens", "received_rows", "remote_rows")]
+  for key in systems:
     width = hidden + 4 * (hidden // 128) if "FP8" in key else 2 * hidden
-    us = [c[key] for c in curve]
-    ax_t.plot(tokens, us, marker="o", label=key)
-    ax_b.plot(tokens, [c["received_rows"] * width / u / 1e3 for c, u in zip(curve, us)],
+    points = [(c["tokens"], c[key], c["received_rows"]) for c in curve if c.get(key)]
+    if not points:
+      continue
+    style = "-" if key.endswith("jax_ep") else "--"
+    ax_t.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=key)
+    ax_b.plot([p[0] for p in points], [rows * width / us / 1e3 for _, us, rows in points], style,
               marker="o", label=key)
   for ax, label in ((ax_t, "us per call"), (ax_b, "GB/s (received bytes / time)")):
     ax.set_xscale("log", base=2)
@@ -194,6 +217,6 @@ def _plot(curve: list[dict], hidden: int, path: str) -> None:
     ax.set_ylabel(label)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-  fig.suptitle("jax_ep HT sweep")
+  fig.suptitle(f"HT dispatch/combine vs tokens per rank (hidden {hidden})")
   fig.tight_layout()
   fig.savefig(path, dpi=120)

@@ -1,9 +1,11 @@
-"""In-graph timing: one jitted executable of N calls, timed from the host.
+"""In-graph timing: jitted executables of N dependent calls, timed from the host.
 
-Per-call time = wall time of one execution / N, for N dependent calls unrolled
-in one executable (no host round trip between calls; see loop_of); executions
-are repeated after a warm-up and the median is reported. Every system is timed
-this same way, in the same run.
+Per-call time is the slope between two loop lengths: (T(N) - T(N/5)) / (N - N/5),
+with T the median wall time of one execution (after a warm-up). The slope drops
+what one execution costs whatever N is (the host's launch and the final sync),
+which the old "T(N) / N" spread over the calls. Calls are dependent and unrolled
+in one executable (no host round trip between them; see loop_of). Every system
+is timed this same way, in the same run.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from jax.sharding import PartitionSpec as P
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-  median_us: float
-  min_us: float
-  max_us: float
+  median_us: float      # per call: slope between the two loop lengths
+  min_us: float         # per call, fastest long execution / its calls (upper-bound style)
+  max_us: float         # per call, slowest long execution / its calls
   calls_per_loop: int
   repeats: int
 
@@ -32,46 +34,59 @@ class Timing:
 def loop_of(op: Callable, num_calls: int) -> Callable:
   """``num_calls`` dependent calls of ``op(*args)`` in one executable; returns a scalar.
 
-  Each call's whole result is materialised (an optimization_barrier: XLA can
-  neither slice nor simplify through it) and one element of it becomes an
-  input dependency of the next call's arguments (another barrier, no extra
-  kernel), so calls run one after another and none can be hoisted, merged,
-  overlapped with the next or dropped.
+  After each call, its whole result and the arguments go through one
+  ``optimization_barrier``, and the next call reads the arguments out of it: the
+  next call cannot start before this one's result exists, and XLA can neither
+  merge, hoist, overlap nor trim calls through the barrier. One element of each
+  result is summed at the very end (one small kernel per execution, not per
+  call), so no result is dead.
   """
 
   def looped(*args):
-    def body(_, carry):
-      args, acc = carry
-      out = jax.lax.optimization_barrier(op(*args))
-      first = jax.tree.leaves(out)[0].reshape(-1)[0].astype(jnp.float32)
-      return jax.lax.optimization_barrier((args, acc + first))
-    init = jax.lax.pcast(jnp.float32(0), "ep", to="varying")
-    return jax.lax.fori_loop(0, num_calls, body, (args, init), unroll=True)[1]
+    firsts = []
+    for _ in range(num_calls):
+      out = op(*args)
+      args, out = jax.lax.optimization_barrier((args, out))
+      firsts.append(jax.tree.leaves(out)[0].reshape(-1)[0].astype(jnp.float32))
+    return jnp.sum(jnp.stack(firsts))
 
   return looped
 
 
-def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
-                  num_calls: int = 100, repeats: int = 7,
-                  after_warmup: Callable[[], None] | None = None) -> Timing:
-  """Median per-call time (us) of ``per_shard_op`` inside jit(shard_map), per rank.
-
-  ``after_warmup`` runs between the warm-up and the timed executions.
-  """
+def _executable(per_shard_op: Callable, mesh: jax.sharding.Mesh, num_calls: int) -> Callable:
   looped = loop_of(per_shard_op, num_calls)
-  fn = jax.jit(jax.shard_map(lambda *a: looped(*a)[None], mesh=mesh, in_specs=P("ep"),
-                             out_specs=P("ep")))
+  return jax.jit(jax.shard_map(lambda *a: looped(*a)[None], mesh=mesh, in_specs=P("ep"),
+                               out_specs=P("ep")))
+
+
+def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
+                  num_calls: int = 50, repeats: int = 7,
+                  after_warmup: Callable[[], None] | None = None) -> Timing:
+  """Per-call time (us) of ``per_shard_op`` inside jit(shard_map), per rank.
+
+  ``after_warmup`` runs between the warm-ups and the timed executions (all
+  executions of both loop lengths then count in whatever it resets).
+  """
+  num_calls = max(num_calls, 2)
+  short_calls = max(1, num_calls // 5)
+  long_fn = _executable(per_shard_op, mesh, num_calls)
+  short_fn = _executable(per_shard_op, mesh, short_calls)
   args = [global_array(mesh, a) for a in local_args]
-  jax.block_until_ready(fn(*args))  # compile + warm up
-  jax.block_until_ready(fn(*args))
+  for fn in (long_fn, short_fn):
+    jax.block_until_ready(fn(*args))  # compile + warm up
+    jax.block_until_ready(fn(*args))
   if after_warmup is not None:
     after_warmup()
-  samples = []
+  long_s, short_s = [], []
   for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    samples.append((time.perf_counter() - start) * 1e6 / num_calls)
-  return Timing(statistics.median(samples), min(samples), max(samples), num_calls, repeats)
+    for fn, samples in ((long_fn, long_s), (short_fn, short_s)):
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      samples.append(time.perf_counter() - start)
+  slope_us = (statistics.median(long_s) - statistics.median(short_s)) * 1e6 / (
+      num_calls - short_calls)
+  return Timing(slope_us, min(long_s) * 1e6 / num_calls, max(long_s) * 1e6 / num_calls,
+                num_calls, repeats)
 
 
 def global_array(mesh: jax.sharding.Mesh, local: np.ndarray) -> jax.Array:
