@@ -23,6 +23,7 @@ from jax_ep.ops import (LowLatencyPending, combine, dispatch, get_dispatch_layou
                         low_latency_dispatch, low_latency_dispatch_recv,
                         low_latency_dispatch_send)
 from jax_ep.buffers import buffer_bytes
+from jax_ep.masking import mask_rank, masked_ranks, unmask_all
 from jax_ep.runtime import finalize, initialize, status
 from jax_ep.runtime import state as runtime_state
 from jax_ep.types import (DispatchHandle, DispatchResult, LowLatencyDispatchResult,
@@ -35,6 +36,6 @@ __all__ = [
     "LowLatencyDispatchResult", "LowLatencyHandle", "LowLatencyPending", "combine", "dispatch", "finalize",
     "fp8", "get_dispatch_layout", "initialize", "low_latency_combine", "low_latency_combine_recv",
     "low_latency_combine_send", "low_latency_dispatch", "low_latency_dispatch_recv",
-    "low_latency_dispatch_send",
-    "reference", "runtime_state",
+    "low_latency_dispatch_send", "mask_rank", "masked_ranks",
+    "reference", "runtime_state", "unmask_all",
 ]

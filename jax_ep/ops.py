@@ -23,6 +23,7 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from jax_ep import _validate
 from jax_ep import local_ops
+from jax_ep import masking
 from jax_ep import runtime
 from jax_ep._vma import match_vma
 from jax_ep.config import EpConfig
@@ -98,6 +99,7 @@ def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfi
   """
   op = "dispatch"
   state, num_ranks = _prepare(op, config)
+  masking.require_unmasked(op)
   is_fp8 = isinstance(x, (tuple, list))
   if is_fp8:
     num_tokens = _validate.fp8_pair(x, config, op)
@@ -163,6 +165,7 @@ def combine(y: jax.Array, handle: DispatchHandle, *, config: EpConfig) -> jax.Ar
     y_r[row of t on r], accumulated in float32; zeros for tokens sent nowhere.
   """
   op = "combine"
+  masking.require_unmasked(op)
   state, _ = _prepare(op, config)
   _check_handle(handle, DispatchHandle, config, op)
   capacity = handle.recv_src.shape[0]

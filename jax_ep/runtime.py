@@ -15,6 +15,7 @@ from typing import Any, Optional
 import jax
 
 from jax_ep import _extension
+from jax_ep import masking
 from jax_ep.backends.xla import XlaBackend
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError, EpError
@@ -88,6 +89,7 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh, *, backend: str | None
   if (previous is not None and previous.config == config and previous.mesh == mesh
       and previous.backend_name == choice):
     return
+  masking.unmask_all()  # masks name ranks of the previous set-up
   if choice == "xla":
     if previous is not None and previous.cuda is not None:
       previous.cuda.release_buffers()
@@ -109,6 +111,7 @@ def finalize() -> None:
   global _state
   state = _state
   _state = None
+  masking.unmask_all()
   jax.clear_caches()
   if state is not None and state.cuda is not None:
     state.cuda.finalize()

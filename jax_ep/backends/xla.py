@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from jax_ep import fp8 as fp8_lib
 from jax_ep import local_ops
+from jax_ep import masking
 from jax_ep.config import EpConfig
 from jax_ep.types import DispatchHandle, LowLatencyHandle
 
@@ -42,6 +43,16 @@ def _kept_slots(handle: DispatchHandle) -> jax.Array:
   slots = (jnp.arange(num_ranks, dtype=I32)[None] * num_tokens
            + jnp.arange(num_tokens, dtype=I32)[:, None])
   return jnp.where(handle.send_row >= 0, slots, -1)
+
+
+def _live_experts(clean: jax.Array, config: EpConfig) -> jax.Array:
+  """Top-k ``clean`` (already in [-1, E)) with experts of masked ranks set to -1."""
+  num_ranks = _num_ranks(config)
+  live = masking.live_ranks_mask(num_ranks)
+  if live.all():
+    return clean
+  owner_live = jnp.asarray(live)[jnp.maximum(clean, 0) // config.experts_per_rank(num_ranks)]
+  return jnp.where(owner_live, clean, -1)
 
 
 def _num_ranks(config: EpConfig) -> int:
@@ -128,8 +139,12 @@ class XlaBackend:
     num_tokens = topk_idx.shape[0]
     rows_per_expert = num_ranks * config.max_tokens_per_rank
     clean, num_invalid, _, _, _ = self.layout(topk_idx, config)
+    clean = _live_experts(clean, config)
     send_slot, send_mask = local_ops.ll_route(clean, num_experts=config.num_experts)
     recv_mask = _exchange(send_mask.reshape(num_ranks, experts_per_rank * num_tokens), axis)
+    live = masking.live_ranks_mask(num_ranks)
+    if not live.all():  # nothing is received from a masked source
+      recv_mask = recv_mask & jnp.asarray(live)[:, None]
     recv_src, count, gather_index = local_ops.ll_compact(
         recv_mask.reshape(num_ranks, experts_per_rank, num_tokens),
         rows_per_expert=rows_per_expert)
@@ -172,7 +187,7 @@ class XlaBackend:
     config = handle.config
     num_tokens = topk_idx.shape[0]
     returned = self._return_rows(rows, handle, num_tokens)  # [E * T_local, H]
-    clean = self.layout(topk_idx, config)[0]
+    clean = _live_experts(self.layout(topk_idx, config)[0], config)
     tokens = jnp.arange(num_tokens, dtype=I32)[:, None]
     index = jnp.where(clean >= 0, clean * num_tokens + tokens, -1)
     weights = jnp.where(clean >= 0, topk_weights, 0.0).astype(F32)
@@ -207,7 +222,7 @@ class XlaBackend:
     axis = config.axis_name
     num_tokens = topk_idx.shape[0]
     num_ranks = _num_ranks(config)
-    clean = self.layout(topk_idx, config)[0]
+    clean = _live_experts(self.layout(topk_idx, config)[0], config)
     tokens = jnp.arange(num_tokens, dtype=I32)[:, None]
     slot = jnp.where(clean >= 0, clean * num_tokens + tokens, config.num_experts * num_tokens)
     per_pair = jnp.zeros((config.num_experts * num_tokens,), F32).at[slot].add(
@@ -229,6 +244,6 @@ class XlaBackend:
     per_pair = jnp.zeros((size,), F32).at[jnp.where(index >= 0, index, size)].set(
         values.astype(F32), mode="drop")
     returned = _exchange(per_pair.reshape(num_ranks, -1), axis).reshape(-1)
-    clean = self.layout(topk_idx, config)[0]
+    clean = _live_experts(self.layout(topk_idx, config)[0], config)
     tokens = jnp.arange(num_tokens, dtype=I32)[:, None]
     return jnp.where(clean >= 0, returned[jnp.maximum(clean * num_tokens + tokens, 0)], 0.0)
