@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import types
 
 import jax
@@ -57,9 +58,44 @@ def _cuda_module_or_error() -> tuple[types.ModuleType | None, str]:
     _check_built_for_this_jaxlib(module)
   except EpError as e:
     return None, str(e)
-  for name, capsule in module.handlers().items():
-    jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+  _register_cuda_targets(module)
   return module, "built"
+
+
+# Whether the CUDA targets carry the prepare-stage fault check (see
+# _register_cuda_targets); read by jax_ep.status().
+_prepare_check = {"enabled": False, "why": "not registered"}
+
+
+def _register_cuda_targets(module: types.ModuleType) -> None:
+  """Registers the CUDA handlers; with JAX_EP_PREPARE_STATUS_CHECK=1 also a
+  prepare-stage check on each, which XLA runs on the host before every
+  execution, also inside command buffers, so that a fault recorded by a kernel
+  fails the next execution (docs/reliability.md). Opt-in until it has been
+  through the GPU tests; falls back to the plain handlers where this jaxlib
+  refuses handler bundles."""
+  want_check = os.environ.get("JAX_EP_PREPARE_STATUS_CHECK") == "1"
+  prepare = module.prepare_status_check() if want_check else None
+  for name, capsule in module.handlers().items():
+    if prepare is not None:
+      try:
+        jax.ffi.register_ffi_target(name, {"prepare": prepare, "execute": capsule},
+                                    platform="CUDA")
+        continue
+      except Exception as e:  # pylint: disable=broad-except
+        _prepare_check["why"] = f"jaxlib refused a handler bundle: {e}"
+        prepare = None
+    jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+  if want_check and prepare is not None:
+    _prepare_check.update(enabled=True, why="registered")
+  elif not want_check:
+    _prepare_check["why"] = "off (set JAX_EP_PREPARE_STATUS_CHECK=1)"
+
+
+def prepare_status_check() -> dict:
+  """{'enabled': bool, 'why': str}: whether faults fail the next execution
+  also inside command buffers."""
+  return dict(_prepare_check)
 
 
 def cuda_module() -> types.ModuleType | None:

@@ -151,13 +151,16 @@ def status() -> dict:
 
   Returns a dict: ``ok`` (bool), ``backend``, and when a fault was recorded
   ``op`` (the op that timed out), ``peer`` (the EP rank it waited for),
-  ``detail`` and ``fault_count``.
+  ``detail`` and ``fault_count``. On CUDA, ``fails_next_execution`` says
+  whether a fault also fails executions replayed from command buffers (the
+  prepare-stage check, JAX_EP_PREPARE_STATUS_CHECK=1; docs/reliability.md).
   """
   current = _state
   if current is None or current.cuda is None:
     return {"ok": True, "backend": current.backend_name if current else None}
   raw = current.cuda.module.status()
-  result = {"ok": raw["code"] == 0, "backend": "cuda"}
+  result = {"ok": raw["code"] == 0, "backend": "cuda",
+            "fails_next_execution": _extension.prepare_status_check()["enabled"]}
   if raw["code"]:
     result.update(op=_OP_NAMES.get(raw["op"], f"op {raw['op']}"), peer=raw["peer"],
                   detail=raw["detail"], fault_count=raw["fault_count"])

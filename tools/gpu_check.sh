@@ -57,7 +57,7 @@ run_tests() {  # $1 = label, $2 = pytest -k expression ("" = all), $3 = test pat
   local label=$1 filter=$2 path=$3
   shift 3
   local log="$OUT/tests_${label}.log"
-  env "$@" "$PY" -m jax_ep.launch -n 2 -m pytest "$path" -q -p no:cacheprovider \
+  env "$@" "$PY" -m jax_ep.launch -n 2 -m pytest "$path" -q -s -p no:cacheprovider \
       ${filter:+-k "$filter"} > "$log" 2>&1
   local rc=$?
   local line
@@ -79,6 +79,16 @@ if [[ "$WHAT" != bench ]]; then
   run_tests cmdbuf_on "${QUICK:+$long_tests}" "$test_path" XLA_FLAGS="${XLA_FLAGS:-}"
   run_tests cmdbuf_off "$long_tests" "$test_path" \
       XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
+  if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
+    # Fault injection: each test leaves its EP group out of step, so one
+    # launcher run per test (tests/gpu_faults/conftest.py).
+    for fault in ll ht; do
+      run_tests "faults_$fault" "$fault" tests/gpu_faults JAX_EP_PREPARE_STATUS_CHECK=1 \
+          XLA_FLAGS="${XLA_FLAGS:-}"
+      grep -E "^\[rank 0\] (time to error|next call refused|finalize after)" \
+          "$OUT/tests_faults_$fault.log" | sed 's/^\[rank 0\] /  /' | tee -a "$SUMMARY"
+    done
+  fi
 fi
 
 bench() {  # $1 = mode, rest = extra flags; output streams into $OUT/bench.log as it runs

@@ -68,17 +68,39 @@ ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const TracedDims& 
         std::string("jax_ep ") + op + ": high-throughput buffers were not allocated "
         "(EpConfig(enable_high_throughput=False))");
   }
-  const cuda::DeviceStatus status = runtime.status();
-  if (status.code != cuda::kStatusOk) {
-    return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
-                      std::string("jax_ep ") + op + ": an earlier jax_ep op (" +
-                          OpName(status.op) + ") timed out waiting for EP rank " +
-                          std::to_string(status.peer) + " (detail " +
-                          std::to_string(status.detail) +
-                          "); the EP group is out of step: see jax_ep.status()");
-  }
+  ffi::Error fault = PendingFault(op, runtime);
+  if (fault.failure()) return fault;
   return &runtime;
 }
+
+ffi::Error PendingFault(const char* op, const cuda::Runtime& runtime) {
+  const cuda::DeviceStatus status = runtime.status();
+  if (status.code == cuda::kStatusOk) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                    std::string("jax_ep.EpError: jax_ep ") + op + ": an earlier jax_ep op (" +
+                        OpName(status.op) + ") timed out waiting for EP rank " +
+                        std::to_string(status.peer) + " (detail " +
+                        std::to_string(status.detail) +
+                        "); the EP group is out of step: see jax_ep.status()");
+}
+
+namespace {
+
+ffi::Error PrepareStatusCheck(ffi::RemainingArgs, ffi::RemainingRets, ffi::Dictionary) {
+  const cuda::Runtime& runtime = cuda::Runtime::Get();
+  if (!runtime.allocated()) return ffi::Error::Success();  // the execute stage says why
+  return PendingFault("call", runtime);
+}
+
+XLA_FFI_DEFINE_HANDLER(kPrepareStatusCheck, PrepareStatusCheck,
+                       ffi::Ffi::Bind<ffi::ExecutionStage::kPrepare>()
+                           .RemainingArgs()
+                           .RemainingRets()
+                           .Attrs());
+
+}  // namespace
+
+XLA_FFI_Handler* PrepareStatusCheckHandler() { return kPrepareStatusCheck; }
 
 ffi::Error LaunchError(const char* op, cudaError_t err) {
   if (err == cudaSuccess) return ffi::Error::Success();

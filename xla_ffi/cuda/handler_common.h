@@ -41,6 +41,16 @@ ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const TracedDims& 
 
 ffi::Error LaunchError(const char* op, cudaError_t err);
 
+// The error of an earlier fault recorded by a kernel (host-mapped status
+// word), or success.
+ffi::Error PendingFault(const char* op, const cuda::Runtime& runtime);
+
+// Prepare-stage handler shared by every jax_ep target: XLA runs it on the host
+// before each execution, also when the op sits inside a command buffer (whose
+// replays do not call the execute stage), so a recorded fault fails the next
+// execution before anything is launched. Binds nothing it does not need.
+XLA_FFI_Handler* PrepareStatusCheckHandler();
+
 std::string ShapeText(ffi::Span<const int64_t> dims);
 
 }  // namespace jax_ep::ffi_cuda

@@ -1,0 +1,48 @@
+"""Fault-injection tests: one rank skips a call (a simulated hang or crash).
+
+Each test leaves its EP group out of step on purpose, so each runs in its own
+launcher invocation (tools/gpu_check.sh does this):
+
+    JAX_EP_PREPARE_STATUS_CHECK=1 python -m jax_ep.launch -n 2 \\
+        -m pytest tests/gpu_faults -k ll
+
+Skipped without 2 GPUs, and on CPU processes: the portable backend's exchange is
+an XLA collective, which would simply wait for the missing rank.
+"""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "gpu"))
+
+from jax_ep import launch  # noqa: E402
+
+_LAUNCHED = launch.initialize_distributed_from_env()
+
+import jax  # noqa: E402
+
+from jax_ep import _extension  # noqa: E402
+
+
+def _skip_reason() -> str | None:
+  if not _LAUNCHED:
+    return "run under `python -m jax_ep.launch -n 2 -m pytest tests/gpu_faults -k <test>`"
+  if os.environ.get("JAX_EP_GPU_TESTS_ON_CPU") == "1":
+    return "the portable backend cannot survive a missing rank (XLA collectives wait)"
+  if jax.devices()[0].platform != "gpu" or jax.device_count() < 2:
+    return "needs 2 GPUs"
+  if _extension.cuda_module() is None:
+    return f"CUDA extension unavailable: {_extension.cuda_module_status()}"
+  return None
+
+
+_SKIP = _skip_reason()
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  if _SKIP:
+    for item in items:
+      item.add_marker(pytest.mark.skip(reason=_SKIP))

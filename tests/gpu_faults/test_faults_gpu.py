@@ -1,0 +1,69 @@
+"""A rank that skips a call: the other times out, reports it, fails its next call,
+and finalize() still returns. One test per launcher run (see conftest.py)."""
+
+import time
+
+import numpy as np
+import pytest
+
+import jax_ep
+from gpu_testing import rank, routing, rows, run, setup
+
+TIMEOUT_S = 3.0
+MARGIN_S = 5.0
+
+
+def _barrier(name: str) -> None:
+  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+  distributed.global_state.client.wait_at_barrier(f"jax_ep_faults/{name}", 120_000)
+
+
+def _skip_one_call(op, args, expected_op: str) -> None:
+  """Both ranks run ``op`` once; then rank 1 skips a call that rank 0 makes."""
+  assert jax_ep.status()["ok"]
+  run(op, *args)  # compile and warm up on both ranks
+  assert jax_ep.status()["ok"]
+  _barrier("warm")
+  if rank() == 1:
+    time.sleep(TIMEOUT_S + MARGIN_S)  # the hang: this rank never makes the call
+    assert jax_ep.status()["ok"]
+  else:
+    start = time.perf_counter()
+    run(op, *args)  # returns once the kernel gives up on rank 1
+    elapsed = time.perf_counter() - start
+    status = jax_ep.status()
+    print(f"time to error: {elapsed:.2f} s (timeout_s={TIMEOUT_S}); status: {status}")
+    assert not status["ok"] and status["op"].startswith(expected_op) and status["peer"] == 1
+    assert 0.5 * TIMEOUT_S < elapsed < TIMEOUT_S + MARGIN_S
+    # The next call fails before launching anything, also when it is replayed
+    # from a command buffer (prepare-stage check).
+    start = time.perf_counter()
+    with pytest.raises(Exception, match="timed out waiting for EP rank 1"):
+      run(op, *args)
+    print(f"next call refused after {time.perf_counter() - start:.3f} s")
+  _barrier("after")
+  start = time.perf_counter()
+  jax_ep.finalize()
+  print(f"finalize after the fault: {time.perf_counter() - start:.2f} s")
+  assert time.perf_counter() - start < 30
+
+
+def test_ll_dispatch_skipped_by_a_peer():
+  e, k, t, h = 16, 4, 16, 256
+  config, mesh = setup(num_experts=e, hidden=h, max_tokens_per_rank=t, num_topk=k,
+                       timeout_s=TIMEOUT_S, enable_high_throughput=False)
+  rng = np.random.default_rng(1200 + rank())
+  x, idx = rows(rng, (t, h)), routing(rng, t, k, e, none_fraction=0.0)
+  op = lambda x, i: jax_ep.low_latency_dispatch(x, i, config=config).count  # noqa: E731
+  _skip_one_call(op, (mesh, x, idx), "low_latency_dispatch")
+
+
+def test_ht_dispatch_skipped_by_a_peer():
+  e, k, t, h = 16, 4, 64, 256
+  config, mesh = setup(num_experts=e, hidden=h, max_tokens_per_rank=t, num_topk=k,
+                       timeout_s=TIMEOUT_S, enable_low_latency=False)
+  rng = np.random.default_rng(1300 + rank())
+  x, idx = rows(rng, (t, h)), routing(rng, t, k, e, none_fraction=0.0)
+  w = np.ones((t, k), np.float32)
+  op = lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).num_tokens  # noqa: E731
+  _skip_one_call(op, (mesh, x, idx, w), "dispatch")
