@@ -28,10 +28,17 @@
 //       then zero-fill the padding. Every block counts tokens per local
 //       expert of the rows it placed. The last block writes num_tokens.
 //     Senders never wait, so no block waits for one of its own kernel.
-// Buffer reuse: a peer writes this rank's counts/recv_*/chunk_arrived for the
-// next dispatch only after this rank's notify flag of that dispatch, which
-// this rank sends after it finished copying out (and resetting the counters
-// of) the previous one (stream order).
+// Buffer reuse:
+//   * recv_*/chunk_arrived: a peer writes them for the next dispatch only after
+//     this rank's notify flag of that dispatch, which this rank sends after it
+//     finished copying out (and resetting the counters of) this one (stream
+//     order).
+//   * counts/notify_flags alternate by the parity p of seq. A peer publishes
+//     its counts for dispatch n+1 without any handshake, and it may get there
+//     while this rank is still in notify n: a peer that receives no rows from
+//     this rank never waits for this rank's sends. It can publish into parity p
+//     again (dispatch n+2) only after notify n+1 saw this rank's flag n+1, which
+//     this rank sends after it finished notify n.
 //
 // combine = two kernels:
 //   ht_combine_send: received row i (source s != me, token t) goes to s's
@@ -134,6 +141,9 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_dispatch_seq) + 1;
+  // Parity buffers (see "Buffer reuse" above).
+  int32_t* counts = ctx.buffers.counts + (seq & 1) * R * R;
+  uint64_t* notify_flags = ctx.buffers.notify_flags + (seq & 1) * R;
   // Contiguous token chunk per thread keeps the per-rank order = token order.
   const int per_thread = (num_tokens + blockDim.x - 1) / blockDim.x;
   const int t0 = min(num_tokens, static_cast<int>(threadIdx.x) * per_thread);
@@ -155,21 +165,21 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
   // Publish this rank's row of the count matrix to every rank, then its flag.
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
-    int32_t* row_local = ctx.buffers.counts + d.rank * R;
+    int32_t* row_local = counts + d.rank * R;
     auto* row = static_cast<int32_t*>(transport::peer_ptr(row_local, r));
     for (int j = 0; j < R; ++j) row[j] = s_total[j];
-    auto* flag = static_cast<uint64_t*>(transport::peer_ptr(ctx.buffers.notify_flags + d.rank, r));
+    auto* flag = static_cast<uint64_t*>(transport::peer_ptr(notify_flags + d.rank, r));
     __threadfence_system();
     st_release_sys(flag, make_flag(seq, 1));
   }
   // Wait for every source's row.
   if (threadIdx.x < R) {
     const int s = threadIdx.x;
-    const uint32_t got = wait_flag(ctx.buffers.notify_flags + s, seq, ctx.timeout_ns, ctx.status,
+    const uint32_t got = wait_flag(notify_flags + s, seq, ctx.timeout_ns, ctx.status,
                                    kOpHtNotify, s, 0);
     for (int j = 0; j < R; ++j) {
       s_matrix[s][j] = (got == kFlagTimedOut) ? 0 : ld_volatile_u32(
-          reinterpret_cast<const uint32_t*>(ctx.buffers.counts + s * R + j));
+          reinterpret_cast<const uint32_t*>(counts + s * R + j));
     }
   }
   __syncthreads();
@@ -306,7 +316,6 @@ template <bool kHasScales>
 __device__ __forceinline__ void dispatch_recv_role(const HtContext& ctx, const HtDispatchArgs& args,
                                                    int recv_block, int num_recv_blocks,
                                                    int* s_tpe, const int* s_prefix, int kept) {
-  __shared__ int s_chunk_ok;
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const HtBuffers& b = ctx.buffers;
@@ -327,8 +336,10 @@ __device__ __forceinline__ void dispatch_recv_role(const HtContext& ctx, const H
     const int last = min(min(s_prefix[s + 1], kept), first + kHtChunkRows);
     if (threadIdx.x == 0) {
       uint32_t* counter = b.chunk_arrived + s * b.chunks_per_source + c;
-      s_chunk_ok = wait_count(counter, static_cast<uint32_t>(last - first), ctx.timeout_ns,
-                              ctx.status, kOpHtDispatch, s, c);
+      // On a timeout (recorded for the host) the chunk is copied anyway: its
+      // rows are in bounds, and the call's results are void.
+      wait_count(counter, static_cast<uint32_t>(last - first), ctx.timeout_ns, ctx.status,
+                 kOpHtDispatch, s, c);
       *counter = 0u;  // every add of this chunk has landed: ready for the next dispatch
     }
     __syncthreads();
@@ -352,7 +363,7 @@ __device__ __forceinline__ void dispatch_recv_role(const HtContext& ctx, const H
       count_row_experts(local, d.num_topk, s_tpe, lane);
       if (lane == 0) args.out_recv_src[row] = s * args.num_tokens + b.recv_src[row];
     }
-    __syncthreads();  // s_chunk_ok is rewritten for the next chunk
+    __syncthreads();  // thread 0 moves on to the next chunk's wait only after the copies
   }
   // Padding rows [kept, capacity).
   for (int row = kept + recv_block * kWarps + warp; row < args.capacity;

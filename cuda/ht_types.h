@@ -14,8 +14,10 @@ namespace jax_ep::cuda {
 constexpr int kHtChunkRows = 32;
 
 // Symmetric HT buffers (local addresses; peers reached through nvshmem_ptr).
-//   counts            [R][R] int32: row s is written by source s (its tokens per rank)
-//   notify_flags      [R] (seq, 0) from source s once its counts row landed
+//   counts            [2][R][R] int32, by seq parity: row s is written by source s
+//                     (its tokens per rank)
+//   notify_flags      [2][R] by seq parity: (seq, 1) from source s once its counts
+//                     row landed
 //   recv_x            [R*T] rows of row_bytes: received rows, already in output order
 //   recv_scales       [R*T][H/128] float32 (FP8 dispatch)
 //   recv_src          [R*T] int32 source token index of each received row

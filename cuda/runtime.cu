@@ -68,8 +68,8 @@ BufferLayout ComputeLayout(const EpDims& d, bool low_latency, bool high_throughp
   if (high_throughput) {
     const size_t fp8_row = H + 4 * (H / 128);
     layout.ht_row_bytes = AlignUp(std::max(2 * H, fp8_row), 16);
-    layout.ht_counts = take(R * R * sizeof(int32_t));
-    layout.ht_notify_flags = take(R * sizeof(uint64_t));
+    layout.ht_counts = take(2 * R * R * sizeof(int32_t));        // by seq parity
+    layout.ht_notify_flags = take(2 * R * sizeof(uint64_t));
     layout.ht_recv_x = take(R * T * layout.ht_row_bytes);
     layout.ht_recv_scales = take(R * T * (H / 128) * sizeof(float));
     layout.ht_recv_src = take(R * T * sizeof(int32_t));

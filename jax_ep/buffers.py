@@ -11,7 +11,7 @@ K top-k, every buffer rounded up to 256 bytes:
     combine flags     E * 8
     (+ RDMA staging T*M + E_local*R*T*2H when some peer is reachable only by RDMA)
   high throughput:
-    counts R*R*4, flags R*8, rows R*T*W (W = max(2H, H + H/32) to 16 B),
+    counts 2*R*R*4, flags 2*R*8 (by parity), rows R*T*W (W = max(2H, H + H/32) to 16 B),
     scales R*T*(H/128)*4, sources R*T*4, top-k R*T*K*8, chunk counters R*ceil(T/32)*4,
     combine receive 2 * (R*T*2H + R*8)
 """
@@ -48,7 +48,7 @@ def buffer_bytes(config: EpConfig, num_ranks: int, *, rdma_staging: bool = False
       sizes += [t * message, e_local * r * t * 2 * h]
   if config.enable_high_throughput:
     row = _align(max(2 * h, h + 4 * (h // 128)), 16)
-    sizes += [r * r * 4, r * 8, r * t * row, r * t * (h // 128) * 4, r * t * 4, r * t * k * 4,
+    sizes += [2 * r * r * 4, 2 * r * 8, r * t * row, r * t * (h // 128) * 4, r * t * 4, r * t * k * 4,
               r * t * k * 4, r * -(-t // _HT_CHUNK_ROWS) * 4]
     for _ in range(2):
       sizes += [r * t * 2 * h, r * 8]
