@@ -3,11 +3,13 @@ and finalize() still returns. One test per launcher run (see conftest.py)."""
 
 import time
 
+import jax
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import jax_ep
-from gpu_testing import rank, routing, rows, run, setup
+from gpu_testing import global_array, rank, routing, rows, setup
 
 TIMEOUT_S = 3.0
 MARGIN_S = 5.0
@@ -18,10 +20,21 @@ def _barrier(name: str) -> None:
   distributed.global_state.client.wait_at_barrier(f"jax_ep_faults/{name}", 120_000)
 
 
-def _skip_one_call(op, args, expected_op: str) -> None:
-  """Both ranks run ``op`` once; then rank 1 skips a call that rank 0 makes."""
+def _executable(op, mesh, *local_args):
+  """One jitted executable and its inputs, called again and again (so that, with
+  command buffers on, later calls replay its CUDA graph)."""
+  mapped = jax.jit(jax.shard_map(lambda *a: jax.tree.map(lambda o: o[None], op(*a)), mesh=mesh,
+                                 in_specs=P("ep"), out_specs=P("ep")))
+  args = [global_array(mesh, a) for a in local_args]
+  return lambda: jax.block_until_ready(mapped(*args))
+
+
+def _skip_one_call(call, expected_op: str) -> None:
+  """Both ranks call twice (compile, warm-up, graph capture); then rank 1 skips
+  a call that rank 0 makes, and rank 0's next call must be refused."""
   assert jax_ep.status()["ok"]
-  run(op, *args)  # compile and warm up on both ranks
+  call()
+  call()
   assert jax_ep.status()["ok"]
   _barrier("warm")
   if rank() == 1:
@@ -29,17 +42,17 @@ def _skip_one_call(op, args, expected_op: str) -> None:
     assert jax_ep.status()["ok"]
   else:
     start = time.perf_counter()
-    run(op, *args)  # returns once the kernel gives up on rank 1
+    call()  # returns once the kernel gives up on rank 1
     elapsed = time.perf_counter() - start
     status = jax_ep.status()
     print(f"time to error: {elapsed:.2f} s (timeout_s={TIMEOUT_S}); status: {status}")
     assert not status["ok"] and status["op"].startswith(expected_op) and status["peer"] == 1
     assert 0.5 * TIMEOUT_S < elapsed < TIMEOUT_S + MARGIN_S
-    # The next call fails before launching anything, also when it is replayed
-    # from a command buffer (prepare-stage check).
+    # The next call of the same executable fails before launching anything,
+    # also when it would replay a command buffer (prepare-stage check).
     start = time.perf_counter()
     with pytest.raises(Exception, match="timed out waiting for EP rank 1"):
-      run(op, *args)
+      call()
     print(f"next call refused after {time.perf_counter() - start:.3f} s")
   _barrier("after")
   start = time.perf_counter()
@@ -55,7 +68,7 @@ def test_ll_dispatch_skipped_by_a_peer():
   rng = np.random.default_rng(1200 + rank())
   x, idx = rows(rng, (t, h)), routing(rng, t, k, e, none_fraction=0.0)
   op = lambda x, i: jax_ep.low_latency_dispatch(x, i, config=config).count  # noqa: E731
-  _skip_one_call(op, (mesh, x, idx), "low_latency_dispatch")
+  _skip_one_call(_executable(op, mesh, x, idx), "low_latency_dispatch")
 
 
 def test_ht_dispatch_skipped_by_a_peer():
@@ -66,4 +79,4 @@ def test_ht_dispatch_skipped_by_a_peer():
   x, idx = rows(rng, (t, h)), routing(rng, t, k, e, none_fraction=0.0)
   w = np.ones((t, k), np.float32)
   op = lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).num_tokens  # noqa: E731
-  _skip_one_call(op, (mesh, x, idx, w), "dispatch")
+  _skip_one_call(_executable(op, mesh, x, idx, w), "dispatch")
