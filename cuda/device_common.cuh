@@ -69,23 +69,40 @@ __device__ __forceinline__ void st_na_v4(int4* ptr, const int4& v) {
                "r"(v.y), "r"(v.z), "r"(v.w));
 }
 
-// Warp-collective copy of `num_vec` int4 from global memory that is read-only
-// for the kernel to `dst` (local or a peer's): batches of kUnroll independent
-// loads before their stores keep several loads in flight per lane.
+// Warp-collective batched load: lane `lane` loads vectors base + u*32 + lane
+// (u < kUnroll, those below num_vec) of `src`, all in flight at once. Data
+// written by peers or other blocks may be read this way once its flag or
+// counter was acquired.
+template <int kUnroll>
+__device__ __forceinline__ void warp_load_batch(int4 (&batch)[kUnroll], const int4* src, int base,
+                                                int num_vec, int lane) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int v = base + u * kWarpSize + lane;
+    if (v < num_vec) batch[u] = ld_nc_v4(src + v);
+  }
+}
+
+// Stores what warp_load_batch loaded, to the same positions of `dst`.
+template <int kUnroll>
+__device__ __forceinline__ void warp_store_batch(int4* dst, const int4 (&batch)[kUnroll], int base,
+                                                 int num_vec, int lane) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int v = base + u * kWarpSize + lane;
+    if (v < num_vec) st_na_v4(dst + v, batch[u]);
+  }
+}
+
+// Warp-collective copy of `num_vec` int4 to `dst` (local or a peer's): batches
+// of kUnroll independent loads before their stores keep several loads in
+// flight per lane.
 template <int kUnroll = 8>
 __device__ __forceinline__ void warp_copy(int4* dst, const int4* src, int num_vec, int lane) {
   for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
-    int4 tmp[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int v = base + u * kWarpSize + lane;
-      if (v < num_vec) tmp[u] = ld_nc_v4(src + v);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int v = base + u * kWarpSize + lane;
-      if (v < num_vec) st_na_v4(dst + v, tmp[u]);
-    }
+    int4 batch[kUnroll];
+    warp_load_batch(batch, src, base, num_vec, lane);
+    warp_store_batch(dst, batch, base, num_vec, lane);
   }
 }
 
@@ -112,44 +129,19 @@ __device__ __forceinline__ bool fault_recorded(const DeviceStatus* status) {
   return ld_volatile_u32(&status->code) != 0u;
 }
 
-// Waits (one thread) until the flag carries `seq`; returns its value, or
-// records a timeout naming `op` and `peer` and returns kFlagTimedOut. Also
-// gives up at once when an earlier fault was recorded.
-constexpr uint32_t kFlagTimedOut = 0xffffffffu;
-
-__device__ __forceinline__ uint32_t wait_flag(const uint64_t* flag, uint32_t seq,
-                                              uint64_t timeout_ns, DeviceStatus* status,
-                                              uint32_t op, int32_t peer, int32_t detail) {
-  uint64_t value = ld_acquire_sys(flag);
-  if (flag_seq(value) == seq) return flag_value(value);
+// Polls `ready()` (one thread) until it returns true; false after recording a
+// timeout naming `op` and `peer` (or at once when an earlier fault was
+// recorded). The one bounded spin of every wait below.
+template <typename Ready>
+__device__ __forceinline__ bool bounded_wait(Ready ready, uint64_t timeout_ns,
+                                             DeviceStatus* status, uint32_t op, int32_t peer,
+                                             int32_t detail) {
+  if (ready()) return true;
   const uint64_t start = global_timer_ns();
   uint32_t polls = 0;
-  while (true) {
-    value = ld_acquire_sys(flag);
-    if (flag_seq(value) == seq) return flag_value(value);
+  while (!ready()) {
     // Back off a little after the first polls: many pollers slow the very
     // NVLink writes they are waiting for.
-    if (polls > 64u) __nanosleep(32);
-    if ((++polls & 1023u) == 0u) {
-      if (fault_recorded(status)) return kFlagTimedOut;
-      if (global_timer_ns() - start > timeout_ns) {
-        record_fault(status, kStatusTimeout, op, peer, detail);
-        return kFlagTimedOut;
-      }
-    }
-  }
-}
-
-// Waits (one thread) until the counter reaches `expected`; false after
-// recording a timeout (or when an earlier fault was recorded).
-__device__ __forceinline__ bool wait_count(const uint32_t* counter, uint32_t expected,
-                                           uint64_t timeout_ns, DeviceStatus* status, uint32_t op,
-                                           int32_t peer, int32_t detail) {
-  if (ld_acquire_sys_u32(counter) >= expected) return true;
-  const uint64_t start = global_timer_ns();
-  uint32_t polls = 0;
-  while (true) {
-    if (ld_acquire_sys_u32(counter) >= expected) return true;
     if (polls > 64u) __nanosleep(32);
     if ((++polls & 1023u) == 0u) {
       if (fault_recorded(status)) return false;
@@ -159,6 +151,32 @@ __device__ __forceinline__ bool wait_count(const uint32_t* counter, uint32_t exp
       }
     }
   }
+  return true;
+}
+
+// Waits (one thread) until the flag carries `seq`; returns its value, or
+// kFlagTimedOut (see bounded_wait).
+constexpr uint32_t kFlagTimedOut = 0xffffffffu;
+
+__device__ __forceinline__ uint32_t wait_flag(const uint64_t* flag, uint32_t seq,
+                                              uint64_t timeout_ns, DeviceStatus* status,
+                                              uint32_t op, int32_t peer, int32_t detail) {
+  uint64_t value = 0;
+  const bool arrived = bounded_wait(
+      [&] {
+        value = ld_acquire_sys(flag);
+        return flag_seq(value) == seq;
+      },
+      timeout_ns, status, op, peer, detail);
+  return arrived ? flag_value(value) : kFlagTimedOut;
+}
+
+// Waits (one thread) until the counter reaches `expected` (see bounded_wait).
+__device__ __forceinline__ bool wait_count(const uint32_t* counter, uint32_t expected,
+                                           uint64_t timeout_ns, DeviceStatus* status, uint32_t op,
+                                           int32_t peer, int32_t detail) {
+  return bounded_wait([&] { return ld_acquire_sys_u32(counter) >= expected; }, timeout_ns,
+                      status, op, peer, detail);
 }
 
 // The last block of a launch (by arrival) runs the call's epilogue. Every

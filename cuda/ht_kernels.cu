@@ -256,21 +256,14 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
                                                     static_cast<size_t>(t) * args.row_bytes);
     // Each batch of the row is loaded once and stored to every destination.
     for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
-      int4 tmp[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int v = base + u * kWarpSize + lane;
-        if (v < num_vec) tmp[u] = ld_nc_v4(src + v);
-      }
+      int4 batch[kUnroll];
+      warp_load_batch(batch, src, base, num_vec, lane);
       for (int r = 0; r < R; ++r) {
         const int row = s_rows[warp][r];
         if (row < 0) continue;
-        int4* dst = reinterpret_cast<int4*>(s_dst_x[r] + static_cast<size_t>(row) * s_dst_stride[r]);
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int v = base + u * kWarpSize + lane;
-          if (v < num_vec) st_na_v4(dst + v, tmp[u]);
-        }
+        warp_store_batch(reinterpret_cast<int4*>(s_dst_x[r] + static_cast<size_t>(row) *
+                                                                  s_dst_stride[r]),
+                         batch, base, num_vec, lane);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -488,11 +481,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               recv_base + (static_cast<size_t>(r) * d.max_tokens + t) * row_bytes);
         }
         int4 raw[kBatch];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int v = base + u * kWarpSize + lane;
-          if (v < num_vec) raw[u] = ld_nc_v4(src + v);
-        }
+        warp_load_batch(raw, src, base, num_vec, lane);
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[u]);

@@ -84,7 +84,9 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   meta = dict(tokens_per_rank=tokens, hidden=hidden, num_experts=num_experts, topk=num_topk,
               num_ranks=num_ranks, num_calls=num_calls, repeats=repeats)
 
-  def measure(t: int, full: bool, baselines: bool = True, num_sms: int | None = None):
+  def measure(t: int, bare: bool, baselines: bool = True, num_sms: int | None = None):
+    """jax_ep at t tokens; `baselines`: also the portable all_to_all path; `bare`: also
+    the bare all_to_all. Returns ({(op, system): us}, received rows, remote rows)."""
     config = jax_ep.EpConfig(num_experts=num_experts, hidden=hidden, max_tokens_per_rank=t,
                              num_topk=num_topk, enable_low_latency=False, num_sms=num_sms)
     jax_ep.initialize(config, mesh)
@@ -150,14 +152,14 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
       results["combine BF16", "all_to_all"] = time(
         "combine BF16, all_to_all",
           lambda y, s, r, k: portable.ht_combine(y, handle(s, r, k)), y, recv_src, send_row, kept)
-    if full:
+    if bare:
       results["bare all_to_all", "jax.lax.all_to_all"] = time(
         "bare all_to_all, jax.lax.all_to_all",
           lambda x: jax.lax.all_to_all(x.reshape(num_ranks, -1, hidden), "ep", 0, 0, tiled=True),
           np.tile(x, (num_ranks, 1)))
     return results, received, remote
 
-  results, received, remote = measure(tokens, full=True)
+  results, received, remote = measure(tokens, bare=True)
   bytes_of = {"BF16": 2 * hidden, "FP8": hidden + 4 * (hidden // 128)}
   for (name, system), us in results.items():
     if us is None:
@@ -181,13 +183,13 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   if sm_sweep:
     budget = []
     for n in sm_sweep:
-      res, _, _ = measure(tokens, full=False, baselines=False, num_sms=n)
+      res, _, _ = measure(tokens, bare=False, baselines=False, num_sms=n)
       budget.append(dict(num_sms=n, **{f"{k} {s}": us for (k, s), us in res.items()}))
     meta["sm_sweep"] = budget
   if sweep:
     curve = []
     for t in (128, 256, 512, 1024, 2048, 4096, 8192):
-      res, rec, rem = measure(t, full=False)
+      res, rec, rem = measure(t, bare=False)
       curve.append(dict(tokens=t, received_rows=rec, remote_rows=rem,
                         **{f"{n} {s}": us for (n, s), us in res.items()}))
     meta["sweep"] = curve

@@ -17,10 +17,8 @@ from jax_ep import launch  # noqa: E402
 
 _LAUNCHED = launch.initialize_distributed_from_env()
 
-import jax  # noqa: E402
-
 import jax_ep  # noqa: E402
-from jax_ep import _extension  # noqa: E402
+from gpu_testing import missing_gpus  # noqa: E402
 
 
 # Developers may run these tests' logic on CPU processes with the portable
@@ -33,17 +31,7 @@ def _skip_reason() -> str | None:
     return "GPU tests run under `python -m jax_ep.launch -n 2 -m pytest tests/gpu`"
   if ON_CPU:
     return None
-  try:
-    platform = jax.devices()[0].platform
-  except RuntimeError as e:
-    return f"no JAX devices: {e}"
-  if platform != "gpu":
-    return f"no GPU (JAX platform {platform})"
-  if jax.device_count() < 2:
-    return f"needs at least 2 GPUs, found {jax.device_count()}"
-  if _extension.cuda_module() is None:
-    return f"CUDA extension unavailable: {_extension.cuda_module_status()}"
-  return None
+  return missing_gpus()
 
 
 _SKIP = _skip_reason()

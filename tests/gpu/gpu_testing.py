@@ -14,6 +14,22 @@ from jax.sharding import PartitionSpec as P
 import jax_ep
 
 
+def missing_gpus() -> str | None:
+  """Why the kernels cannot run in this (launched) process, or None."""
+  from jax_ep import _extension  # pylint: disable=import-outside-toplevel
+  try:
+    platform = jax.devices()[0].platform
+  except RuntimeError as e:
+    return f"no JAX devices: {e}"
+  if platform != "gpu":
+    return f"no GPU (JAX platform {platform})"
+  if jax.device_count() < 2:
+    return f"needs at least 2 GPUs, found {jax.device_count()}"
+  if _extension.cuda_module() is None:
+    return f"CUDA extension unavailable: {_extension.cuda_module_status()}"
+  return None
+
+
 def ep_mesh() -> jax.sharding.Mesh:
   return jax.make_mesh((jax.device_count(),), ("ep",))
 
@@ -61,6 +77,16 @@ def routing(rng: np.random.Generator, num_tokens: int, num_topk: int, num_expert
   idx = idx.astype(np.int32)
   idx[rng.random(idx.shape) < none_fraction] = -1
   return idx
+
+
+def call_routing(seed: int, call, num_tokens: int, num_topk: int, num_experts: int,
+                 none_fraction: float) -> jax.Array:
+  """int32[num_tokens, K] distinct experts per token, -1 with probability
+  ``none_fraction``, different for every call index and rank (traced, inside a loop)."""
+  key = jax.random.fold_in(jax.random.key(seed), call * 1000 + jax.lax.axis_index("ep"))
+  idx = jax.lax.top_k(jax.random.uniform(key, (num_tokens, num_experts)), num_topk)[1]
+  return jnp.where(jax.random.uniform(key, (num_tokens, num_topk)) < none_fraction, -1,
+                   idx.astype(jnp.int32))
 
 
 def rows(rng: np.random.Generator, shape, dtype=jnp.bfloat16) -> np.ndarray:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jax_ep
-from gpu_testing import bits, rank, routing, rows, run, setup
+from gpu_testing import bits, call_routing, rank, routing, rows, run, setup
 
 SHAPES = [  # (E, K, T, T_local, H)
     (16, 4, 64, 48, 256),
@@ -146,9 +146,7 @@ def test_ht_1000_calls_with_changing_routing():
 
   def fn(x):
     def step(i, mismatches):
-      key = jax.random.fold_in(jax.random.key(11), i * 1000 + jax.lax.axis_index("ep"))
-      idx = jax.lax.top_k(jax.random.uniform(key, (t, e)), k)[1].astype(jnp.int32)
-      idx = jnp.where(jax.random.uniform(key, (t, k)) < 0.1, -1, idx)
+      idx = call_routing(11, i, t, k, e, none_fraction=0.1)
       w = jnp.ones((t, k), jnp.float32)
       d = jax_ep.dispatch(x, idx, w, config=config)
       out = jax_ep.combine(d.x, d.handle, config=config)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jax_ep
-from gpu_testing import bits, rank, routing, rows, run, setup
+from gpu_testing import bits, call_routing, rank, routing, rows, run, setup
 
 SHAPES = [  # (E, K, T, T_local, H)
     (16, 4, 32, 32, 256),
@@ -125,10 +125,7 @@ def test_ll_1000_calls_with_changing_routing():
 
   def fn(x, w):
     def step(i, mismatches):
-      key = jax.random.fold_in(jax.random.key(7), i * 1000 + jax.lax.axis_index("ep"))
-      scores = jax.random.uniform(key, (t, e))
-      idx = jax.lax.top_k(scores, k)[1].astype(jnp.int32)
-      idx = jnp.where(jax.random.uniform(key, (t, k)) < 0.1, -1, idx)
+      idx = call_routing(7, i, t, k, e, none_fraction=0.1)
       d = jax_ep.low_latency_dispatch(x, idx, config=config)
       out = jax_ep.low_latency_combine(d.x, idx, w, d.handle, config=config)
       ref = jax_ep.reference.low_latency_combine(

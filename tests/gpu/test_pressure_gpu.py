@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_ep
-from gpu_testing import rank, rows, run, setup
+from gpu_testing import call_routing, rank, rows, run, setup
 
 NUM_CALLS = 10_000
 
@@ -35,10 +35,7 @@ def test_10000_calls_hash_identically_twice():
 
   def fn(x, w):
     def step(i, acc):
-      key = jax.random.fold_in(jax.random.key(11), i * 1000 + jax.lax.axis_index("ep"))
-      scores = jax.random.uniform(key, (t, e))
-      idx = jax.lax.top_k(scores, k)[1].astype(jnp.int32)
-      idx = jnp.where(jax.random.uniform(key, (t, k)) < 0.15, -1, idx)
+      idx = call_routing(11, i, t, k, e, none_fraction=0.15)
       # Uneven token counts per rank, changing every call.
       live = jnp.arange(t)[:, None] < t - (i % 5) * jax.lax.axis_index("ep")
       idx = jnp.where(live, idx, -1)

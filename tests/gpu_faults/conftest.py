@@ -21,9 +21,7 @@ from jax_ep import launch  # noqa: E402
 
 _LAUNCHED = launch.initialize_distributed_from_env()
 
-import jax  # noqa: E402
-
-from jax_ep import _extension  # noqa: E402
+from gpu_testing import missing_gpus  # noqa: E402
 
 
 def _skip_reason() -> str | None:
@@ -31,11 +29,7 @@ def _skip_reason() -> str | None:
     return "run under `python -m jax_ep.launch -n 2 -m pytest tests/gpu_faults -k <test>`"
   if os.environ.get("JAX_EP_GPU_TESTS_ON_CPU") == "1":
     return "the portable backend cannot survive a missing rank (XLA collectives wait)"
-  if jax.devices()[0].platform != "gpu" or jax.device_count() < 2:
-    return "needs 2 GPUs"
-  if _extension.cuda_module() is None:
-    return f"CUDA extension unavailable: {_extension.cuda_module_status()}"
-  return None
+  return missing_gpus()
 
 
 _SKIP = _skip_reason()
