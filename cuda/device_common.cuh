@@ -129,13 +129,24 @@ __device__ __forceinline__ bool fault_recorded(const DeviceStatus* status) {
   return ld_volatile_u32(&status->code) != 0u;
 }
 
-// Polls `ready()` (one thread) until it returns true; false after recording a
-// timeout naming `op` and `peer` (or at once when an earlier fault was
-// recorded). The one bounded spin of every wait below.
-template <typename Ready>
+// What a wait does when it times out by default: record the fault.
+struct RecordFault {
+  DeviceStatus* status;
+  uint32_t op;
+  int32_t peer;
+  int32_t detail;
+  __device__ __forceinline__ void operator()() const {
+    record_fault(status, kStatusTimeout, op, peer, detail);
+  }
+};
+
+// Polls `ready()` (one thread) until it returns true; false after a timeout
+// (then `on_timeout()` runs: by default it records a fault naming `op` and
+// `peer`), or at once when an earlier fault was recorded. The one bounded spin
+// of every wait in the kernels.
+template <typename Ready, typename OnTimeout>
 __device__ __forceinline__ bool bounded_wait(Ready ready, uint64_t timeout_ns,
-                                             DeviceStatus* status, uint32_t op, int32_t peer,
-                                             int32_t detail) {
+                                             DeviceStatus* status, OnTimeout on_timeout) {
   if (ready()) return true;
   const uint64_t start = global_timer_ns();
   uint32_t polls = 0;
@@ -146,12 +157,19 @@ __device__ __forceinline__ bool bounded_wait(Ready ready, uint64_t timeout_ns,
     if ((++polls & 1023u) == 0u) {
       if (fault_recorded(status)) return false;
       if (global_timer_ns() - start > timeout_ns) {
-        record_fault(status, kStatusTimeout, op, peer, detail);
+        on_timeout();
         return false;
       }
     }
   }
   return true;
+}
+
+template <typename Ready>
+__device__ __forceinline__ bool bounded_wait(Ready ready, uint64_t timeout_ns,
+                                             DeviceStatus* status, uint32_t op, int32_t peer,
+                                             int32_t detail) {
+  return bounded_wait(ready, timeout_ns, status, RecordFault{status, op, peer, detail});
 }
 
 // Waits (one thread) until the flag carries `seq`; returns its value, or

@@ -115,9 +115,19 @@ struct LlContext {
   int32_t* slot_counters;       // [E] device memory, zero between calls
   const int* qp_handles;        // [E_local] device memory (RDMA QP per local expert) or null
   DeviceProfile* profile;       // device memory, or null (profiling off)
+  // LL rank mask, [kMaxMaskedRanks], 1 = masked: skipped by the LL kernels.
+  // Device copy (read by the kernels) and host-mapped mirror (read by the
+  // host); the host sets both between calls, a kernel sets both when it masks
+  // a peer on a timeout (mask_on_timeout).
+  uint32_t* masked;
+  uint32_t* masked_mirror;
+  bool mask_on_timeout;
   uint64_t timeout_ns;
   int num_sms;
 };
+
+// Ranks the LL rank mask covers (the LL kernels' rank limit).
+constexpr int kMaxMaskedRanks = 1024;
 
 }  // namespace jax_ep::cuda
 

@@ -30,6 +30,12 @@
 //   6. Wait for combine_flags[p][e] = seq for every e; out[t] = sum over valid k
 //      of w[t,k] * combine_recv[p][e_k][t], accumulated in fp32.
 //
+// Rank masking (ctx.masked, 1 = masked; set by the host between calls, or by a
+// kernel on a timeout with mask_on_timeout): senders skip pairs whose expert
+// lives on a masked rank and rows whose source is masked, and never write a
+// masked rank's flags; receivers do not wait for a masked rank and leave its
+// rows and experts out (count 0, no contribution).
+//
 // Pairing: a send hands its sequence number to its recv as a ticket in device
 // memory (the fused one-call ops launch both kernels from one custom call), so
 // XLA may reorder independent jax_ep calls freely as long as every rank runs the
@@ -97,6 +103,37 @@ __device__ __forceinline__ void finish_send(const LlContext& ctx, uint32_t* outs
 
 __device__ __forceinline__ bool valid_expert(int e, int num_experts) {
   return e >= 0 && e < num_experts;
+}
+
+__device__ __forceinline__ bool rank_masked(const LlContext& ctx, int rank) {
+  return ctx.masked != nullptr && ld_volatile_u32(ctx.masked + rank) != 0u;
+}
+
+// Waits for a peer's flag; a masked peer is not waited for (kFlagTimedOut).
+// With mask_on_timeout a timeout masks the peer instead of recording a fault.
+__device__ __forceinline__ uint32_t ll_wait(const LlContext& ctx, const uint64_t* flag,
+                                            uint32_t seq, uint32_t op, int peer, int detail) {
+  if (rank_masked(ctx, peer)) return kFlagTimedOut;
+  if (!ctx.mask_on_timeout || ctx.masked == nullptr) {
+    return wait_flag(flag, seq, ctx.timeout_ns, ctx.status, op, peer, detail);
+  }
+  // Masks the peer (both copies) instead of recording a fault; a peer masked
+  // meanwhile (by another wait) ends the wait too.
+  auto mask_peer = [&] {
+    atomicExch(ctx.masked + peer, 1u);
+    if (ctx.masked_mirror != nullptr) {
+      *reinterpret_cast<volatile uint32_t*>(ctx.masked_mirror + peer) = 1u;
+    }
+    __threadfence_system();
+  };
+  uint64_t value = 0;
+  const bool arrived = bounded_wait(
+      [&] {
+        value = ld_acquire_sys(flag);
+        return flag_seq(value) == seq || rank_masked(ctx, peer);
+      },
+      ctx.timeout_ns, ctx.status, mask_peer);
+  return arrived && flag_seq(value) == seq ? flag_value(value) : kFlagTimedOut;
 }
 
 // A message is [16-byte header: token id][payload]: the bf16 row, or the fp8
@@ -220,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x < d.num_topk) {
       const int k = threadIdx.x;
       const int e = topk_idx[t * d.num_topk + k];
-      bool first = valid_expert(e, d.num_experts);
+      bool first = valid_expert(e, d.num_experts) && !rank_masked(ctx, e / d.experts_per_rank);
       for (int j = 0; j < k && first; ++j) first = topk_idx[t * d.num_topk + j] != e;
       const int slot = first ? atomicAdd(ctx.slot_counters + e, 1) : -1;
       s_expert[k] = first ? e : -1;
@@ -275,6 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int e = threadIdx.x; e < d.num_experts; e += blockDim.x) {
       const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
       const uint32_t count = static_cast<uint32_t>(atomicExch(ctx.slot_counters + e, 0));
+      if (rank_masked(ctx, r)) continue;  // a masked rank's memory is never written
       transport::set_flag(flags + static_cast<size_t>(le) * d.num_ranks + d.rank,
                           make_flag(seq, count), r, ctx.qp_handles, le);
     }
@@ -324,8 +362,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const char* expert_base = recv_base + static_cast<size_t>(le) * d.num_ranks * d.max_tokens * msg_bytes;
     for (int i = threadIdx.x; i < d.num_ranks * words; i += blockDim.x) bitmap[i] = 0u;
     for (int s = threadIdx.x; s < d.num_ranks; s += blockDim.x) {
-      const uint32_t n = wait_flag(flags + static_cast<size_t>(le) * d.num_ranks + s, seq,
-                                   ctx.timeout_ns, ctx.status, kOpLlDispatch, s, le);
+      const uint32_t n = ll_wait(ctx, flags + static_cast<size_t>(le) * d.num_ranks + s, seq,
+                                 kOpLlDispatch, s, le);
       s_count[s] = (n == kFlagTimedOut) ? 0 : static_cast<int>(min(n, static_cast<uint32_t>(num_tokens)));
     }
     __syncthreads();
@@ -412,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int src = recv_src[static_cast<size_t>(le) * rows_per_expert + i];
       if (src < 0 || num_tokens <= 0) continue;
       const int s = src / num_tokens, t = src % num_tokens;
-      if (s >= d.num_ranks) continue;
+      if (s >= d.num_ranks || rank_masked(ctx, s)) continue;
       const int4* row = reinterpret_cast<const int4*>(
           y + (static_cast<size_t>(le) * rows_per_expert + i) * d.hidden);
       char* dst_local = recv_base + (static_cast<size_t>(e) * d.max_tokens + t) * row_bytes;
@@ -432,7 +470,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __threadfence_system();
     __syncthreads();
     for (int r = threadIdx.x; r < d.num_ranks; r += blockDim.x) {
-      transport::set_flag(flags + e, make_flag(seq, 0), r, ctx.qp_handles, le);
+      if (!rank_masked(ctx, r)) transport::set_flag(flags + e, make_flag(seq, 0), r, ctx.qp_handles, le);
     }
   }
   if (arrive_is_last_block(&ctx.counters->ll_combine_send_done) && threadIdx.x == 0) {
@@ -461,10 +499,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Wait only for the experts this token uses (few pollers: polling every
       // flag from every block slows the peers' incoming NVLink writes).
       const int e = topk_idx[t * d.num_topk + threadIdx.x];
-      const bool valid = valid_expert(e, d.num_experts);
-      if (valid) {
-        wait_flag(flags + e, seq, ctx.timeout_ns, ctx.status, kOpLlCombine,
-                  e / d.experts_per_rank, e % d.experts_per_rank);
+      bool valid = valid_expert(e, d.num_experts) && !rank_masked(ctx, e / d.experts_per_rank);
+      if (valid && ll_wait(ctx, flags + e, seq, kOpLlCombine, e / d.experts_per_rank,
+                           e % d.experts_per_rank) == kFlagTimedOut &&
+          rank_masked(ctx, e / d.experts_per_rank)) {
+        valid = false;  // masked on this timeout: its experts contribute nothing
       }
       s_expert[threadIdx.x] = valid ? e : -1;
       s_weight[threadIdx.x] = valid ? topk_weights[t * d.num_topk + threadIdx.x] : 0.0f;

@@ -10,9 +10,11 @@
 #include <nvshmem.h>
 #include <nvshmemx.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cuda/ht_launch.h"
 #include "cuda/ll_launch.h"
@@ -165,6 +167,20 @@ std::string Runtime::Init(int rank, int num_ranks, const std::string& uid, int d
   err = cudaMalloc(reinterpret_cast<void**>(&counters_), sizeof(DeviceCounters));
   if (err == cudaSuccess) err = cudaMemset(counters_, 0, sizeof(DeviceCounters));
   if (err != cudaSuccess) return CudaError("cudaMalloc (counters)", err);
+  err = cudaMalloc(reinterpret_cast<void**>(&masked_device_), sizeof(uint32_t) * kMaxMaskedRanks);
+  if (err == cudaSuccess) {
+    err = cudaMemset(masked_device_, 0, sizeof(uint32_t) * kMaxMaskedRanks);
+  }
+  if (err == cudaSuccess) {
+    err = cudaHostAlloc(reinterpret_cast<void**>(&masked_host_),
+                        sizeof(uint32_t) * kMaxMaskedRanks, cudaHostAllocMapped);
+  }
+  if (err == cudaSuccess) {
+    std::memset(masked_host_, 0, sizeof(uint32_t) * kMaxMaskedRanks);
+    err = cudaHostGetDevicePointer(reinterpret_cast<void**>(&masked_host_on_device_),
+                                   masked_host_, 0);
+  }
+  if (err != cudaSuccess) return CudaError("allocating the rank mask", err);
   const char* profile_env = std::getenv("JAX_EP_PROFILE");
   if (profile_env != nullptr && std::string(profile_env) == "1") {
     err = cudaMalloc(reinterpret_cast<void**>(&profile_), sizeof(DeviceProfile));
@@ -252,6 +268,9 @@ std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_th
   ll_.slot_counters = slot_counters_;
   ll_.qp_handles = qp_handles_;
   ll_.profile = profile_;
+  ll_.masked = masked_device_;
+  ll_.masked_mirror = masked_host_on_device_;
+  ll_.mask_on_timeout = mask_on_timeout_;
   ll_.timeout_ns = timeout_ns;
   ll_.num_sms = num_sms_;
   if (low_latency) {
@@ -322,6 +341,10 @@ std::string Runtime::Finalize() {
   ht_plan_ = nullptr;
   if (profile_ != nullptr) cudaFree(profile_);
   profile_ = nullptr;
+  if (masked_device_ != nullptr) cudaFree(masked_device_);
+  masked_device_ = nullptr;
+  if (masked_host_ != nullptr) cudaFreeHost(masked_host_);
+  masked_host_ = masked_host_on_device_ = nullptr;
   nvshmem_finalize();
   if (status_host_ != nullptr) cudaFreeHost(status_host_);
   status_host_ = status_device_ = nullptr;
@@ -344,6 +367,37 @@ std::string Runtime::ReadProfile(DeviceProfile* out) {
   if (err == cudaSuccess) err = cudaMemcpy(out, profile_, sizeof(*out), cudaMemcpyDeviceToHost);
   if (err == cudaSuccess) err = cudaMemset(profile_, 0, sizeof(DeviceProfile));
   return err == cudaSuccess ? "" : CudaError("reading the profile", err);
+}
+
+std::string Runtime::SetMasked(const std::vector<int>& ranks) {
+  if (masked_device_ == nullptr) return "jax_ep: the rank mask needs an initialised runtime";
+  std::vector<uint32_t> mask(kMaxMaskedRanks, 0u);
+  for (int rank : ranks) {
+    if (rank < 0 || rank >= kMaxMaskedRanks) {
+      return "jax_ep: rank " + std::to_string(rank) + " is outside the rank mask";
+    }
+    mask[rank] = 1u;
+  }
+  const cudaError_t err = cudaMemcpy(masked_device_, mask.data(), sizeof(uint32_t) * mask.size(),
+                                     cudaMemcpyHostToDevice);
+  if (err != cudaSuccess) return CudaError("setting the rank mask", err);
+  std::memcpy(masked_host_, mask.data(), sizeof(uint32_t) * mask.size());
+  return "";
+}
+
+std::vector<int> Runtime::Masked() const {
+  std::vector<int> ranks;
+  if (masked_host_ == nullptr) return ranks;
+  const int limit = std::min(std::max(dims_.num_ranks, 0), kMaxMaskedRanks);
+  for (int r = 0; r < limit; ++r) {
+    if (reinterpret_cast<const volatile uint32_t*>(masked_host_)[r] != 0u) ranks.push_back(r);
+  }
+  return ranks;
+}
+
+void Runtime::SetMaskOnTimeout(bool on) {
+  mask_on_timeout_ = on;
+  ll_.mask_on_timeout = on;
 }
 
 void Runtime::ClearStatus() {

@@ -93,6 +93,12 @@ class Runtime {
   void ClearStatus();
   // Reads and resets the in-kernel profile (JAX_EP_PROFILE=1); synchronises.
   std::string ReadProfile(DeviceProfile* out);
+  // The LL rank mask (LlContext::masked): sets exactly `ranks` (synchronous
+  // copy; takes effect for the calls launched afterwards), reads the mirror.
+  std::string SetMasked(const std::vector<int>& ranks);
+  std::vector<int> Masked() const;
+  // Whether an LL wait that times out masks its peer instead of recording a fault.
+  void SetMaskOnTimeout(bool on);
 
  private:
   Runtime() = default;
@@ -115,6 +121,10 @@ class Runtime {
   int* qp_handles_ = nullptr;
   DeviceProfile* profile_ = nullptr;
   HtPlan* ht_plan_ = nullptr;
+  uint32_t* masked_device_ = nullptr;         // [kMaxMaskedRanks] device memory
+  uint32_t* masked_host_ = nullptr;           // [kMaxMaskedRanks] host-mapped mirror
+  uint32_t* masked_host_on_device_ = nullptr; // the mirror's device address
+  bool mask_on_timeout_ = false;
 };
 
 }  // namespace jax_ep::cuda

@@ -27,10 +27,10 @@ class EpConfig:
     num_sms: streaming multiprocessors the GPU high-throughput kernels may use
       (None: the measured default). Ignored by the portable backend.
     timeout_s: bound on every device-side wait of the GPU kernels.
-    mask_on_timeout: GPU low-latency ops would mask a peer that timed out
-      instead of raising. Not implemented yet: the CUDA backend refuses it at
-      initialize(); the portable backend has no timeouts (no effect there).
-      See jax_ep.mask_rank and docs/reliability.md.
+    mask_on_timeout: GPU low-latency ops mask a peer whose wait timed out
+      (jax_ep.masked_ranks() then lists it) instead of recording a fault. The
+      portable backend has no timeouts (no effect there). See jax_ep.mask_rank
+      and docs/reliability.md.
     enable_low_latency: allocate the GPU low-latency buffers (about
       2 * (E_local*R*T*(2H+16) + E*T*2H) bytes; see jax_ep.buffer_bytes).
     enable_high_throughput: allocate the GPU high-throughput buffers.

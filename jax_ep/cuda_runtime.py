@@ -119,10 +119,6 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
   module = _extension.cuda_module()
   if module is None:
     raise EpError(f"jax_ep's CUDA backend is unavailable: {_extension.cuda_module_status()}")
-  if config.mask_on_timeout:
-    raise EpConfigError(
-        "EpConfig.mask_on_timeout is not implemented in the CUDA kernels yet: a timed-out "
-        "peer is recorded and reported (jax_ep.status()), not masked. See docs/reliability.md.")
   num_ranks, rank = _check_process_model(config, mesh)
   jax.devices()  # JAX's GPU client first: it owns the CUDA primary context
   device = jax.local_devices()[0].local_hardware_id
@@ -148,5 +144,6 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
                     int(config.num_sms or 0))
   except RuntimeError as e:
     raise EpError(str(e)) from None
+  module.set_mask_on_timeout(bool(config.mask_on_timeout))
   return CudaRuntime(module=module, config=config, num_ranks=num_ranks, rank=rank,
                      rdma_staging=rdma_staging, backend=CudaBackend())

@@ -18,8 +18,13 @@ The high-throughput ``dispatch``/``combine`` need every rank; they raise
 Portable backend: the mask is a trace-time constant. Changing it clears JAX's
 caches (``jax.clear_caches()``), so jitted functions retrace on their next call;
 an executable compiled ahead of time (``.lower().compile()``) keeps the mask it
-was compiled with. CUDA backend: not implemented yet (the kernels would have to
-stop waiting for a masked source); ``mask_rank`` raises ``EpError`` there.
+was compiled with.
+
+CUDA backend: the mask also lives in device memory, read by the LL kernels on
+every call: a masked rank is not waited for, not written to, and its rows and
+experts are left out. With ``EpConfig(mask_on_timeout=True)`` an LL wait that
+times out masks its peer instead of recording a fault; ``masked_ranks()`` then
+includes it (read from host-mapped memory, without a GPU sync).
 """
 
 from __future__ import annotations
@@ -39,11 +44,6 @@ def mask_rank(rank: int) -> None:
   state = runtime.state()
   if state is None:
     raise EpError("jax_ep.mask_rank: call jax_ep.initialize(config, mesh) first")
-  if state.cuda is not None:
-    raise EpError(
-        "jax_ep.mask_rank: rank masking is not implemented in the CUDA kernels yet (they "
-        "would still wait for the masked rank); it works with the portable backend "
-        "(jax_ep.initialize(..., backend='xla')). See docs/reliability.md.")
   if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool):
     raise EpConfigError(f"jax_ep.mask_rank: rank must be an int, got {rank!r}")
   if not 0 <= int(rank) < state.num_ranks:
@@ -52,20 +52,34 @@ def mask_rank(rank: int) -> None:
   if int(rank) in _masked:
     return
   _masked = _masked | {int(rank)}
+  _set_device_mask(state)
   jax.clear_caches()  # jitted functions retrace with the new mask
 
 
 def masked_ranks() -> tuple[int, ...]:
-  """The ranks this process has masked, ascending."""
-  return tuple(sorted(_masked))
+  """The ranks this process has masked, ascending (on CUDA, also those a kernel
+  masked on a timeout)."""
+  from jax_ep import runtime  # pylint: disable=import-outside-toplevel
+  state = runtime.state()
+  on_device = set(state.cuda.module.masked()) if state is not None and state.cuda else set()
+  return tuple(sorted(_masked | on_device))
 
 
 def unmask_all() -> None:
   """Clears every mask of this process."""
   global _masked
+  from jax_ep import runtime  # pylint: disable=import-outside-toplevel
+  state = runtime.state()
+  if state is not None and state.cuda is not None and state.cuda.module.masked():
+    state.cuda.module.set_masked([])
   if _masked:
     _masked = frozenset()
     jax.clear_caches()
+
+
+def _set_device_mask(state) -> None:
+  if state.cuda is not None:
+    state.cuda.module.set_masked(sorted(_masked | set(state.cuda.module.masked())))
 
 
 def live_ranks_mask(num_ranks: int) -> np.ndarray:

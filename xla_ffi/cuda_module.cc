@@ -109,6 +109,9 @@ NB_MODULE(_jax_ep_cuda, m) {
     return d;
   });
   m.def("clear_status", []() { Runtime::Get().ClearStatus(); });
+  m.def("set_masked", [](const std::vector<int>& ranks) { Check(Runtime::Get().SetMasked(ranks)); });
+  m.def("masked", []() { return Runtime::Get().Masked(); });
+  m.def("set_mask_on_timeout", [](bool on) { Runtime::Get().SetMaskOnTimeout(on); });
   m.def("read_profile", []() {
     jax_ep::cuda::DeviceProfile p;
     Check(Runtime::Get().ReadProfile(&p));
