@@ -68,13 +68,12 @@ _prepare_check = {"enabled": False, "why": "not registered"}
 
 
 def _register_cuda_targets(module: types.ModuleType) -> None:
-  """Registers the CUDA handlers; with JAX_EP_PREPARE_STATUS_CHECK=1 also a
-  prepare-stage check on each, which XLA runs on the host before every
-  execution, also inside command buffers, so that a fault recorded by a kernel
-  fails the next execution (docs/reliability.md). Opt-in until it has been
-  through the GPU tests; falls back to the plain handlers where this jaxlib
-  refuses handler bundles."""
-  want_check = os.environ.get("JAX_EP_PREPARE_STATUS_CHECK") == "1"
+  """Registers the CUDA handlers, each with a prepare-stage check that XLA runs
+  on the host before every execution, also inside command buffers, so that a
+  fault recorded by a kernel fails the next execution (docs/reliability.md).
+  JAX_EP_PREPARE_STATUS_CHECK=0 leaves the check out; registration falls back
+  to the plain handlers where this jaxlib refuses handler bundles."""
+  want_check = os.environ.get("JAX_EP_PREPARE_STATUS_CHECK", "1") != "0"
   prepare = module.prepare_status_check() if want_check else None
   for name, capsule in module.handlers().items():
     if prepare is not None:
@@ -89,7 +88,7 @@ def _register_cuda_targets(module: types.ModuleType) -> None:
   if want_check and prepare is not None:
     _prepare_check.update(enabled=True, why="registered")
   elif not want_check:
-    _prepare_check["why"] = "off (set JAX_EP_PREPARE_STATUS_CHECK=1)"
+    _prepare_check["why"] = "off (JAX_EP_PREPARE_STATUS_CHECK=0)"
 
 
 def prepare_status_check() -> dict:

@@ -112,6 +112,7 @@ def finalize() -> None:
   state = _state
   _state = None
   masking.unmask_all()
+  _drop_failed_runtime_tokens()
   jax.clear_caches()
   if state is not None and state.cuda is not None:
     state.cuda.finalize()
@@ -120,6 +121,27 @@ def finalize() -> None:
   module = sys.modules.get("jax_ep._jax_ep_cuda")
   if module is not None and module.initialized():
     module.finalize()
+
+
+def _drop_failed_runtime_tokens() -> None:
+  """Waits for JAX's runtime tokens, dropping them if they hold an error.
+
+  JAX keeps, per device, the runtime token of the last executable with side
+  effects (every jax_ep custom call has them) and waits for it at exit. After
+  a fault, that token holds the refused call's error: the exit-time wait then
+  raises inside JAX's clean-up, which skips the distributed shutdown and makes
+  the coordination service abort the process. Measured on the 2x H200 machine
+  (tests/gpu_faults), 2026-11-30.
+  """
+  try:
+    from jax._src import dispatch  # pylint: disable=import-outside-toplevel
+    tokens = dispatch.runtime_tokens
+  except (ImportError, AttributeError):
+    return
+  try:
+    tokens.block_until_ready()
+  except Exception:  # pylint: disable=broad-except
+    tokens.clear()  # the error was already raised to the caller of that call
 
 
 def state() -> Optional[RuntimeState]:
@@ -153,7 +175,8 @@ def status() -> dict:
   ``op`` (the op that timed out), ``peer`` (the EP rank it waited for),
   ``detail`` and ``fault_count``. On CUDA, ``fails_next_execution`` says
   whether a fault also fails executions replayed from command buffers (the
-  prepare-stage check, JAX_EP_PREPARE_STATUS_CHECK=1; docs/reliability.md).
+  prepare-stage check, on unless JAX_EP_PREPARE_STATUS_CHECK=0;
+  docs/reliability.md).
   """
   current = _state
   if current is None or current.cuda is None:

@@ -83,7 +83,7 @@ if [[ "$WHAT" != bench ]]; then
     # Fault injection: each test leaves its EP group out of step, so one
     # launcher run per test (tests/gpu_faults/conftest.py).
     for fault in ll ht masked_rank_is_skipped mask_on_timeout; do
-      run_tests "faults_$fault" "$fault" tests/gpu_faults JAX_EP_PREPARE_STATUS_CHECK=1 \
+      run_tests "faults_$fault" "$fault" tests/gpu_faults \
           XLA_FLAGS="${XLA_FLAGS:-}"
       grep -E "^\[rank 0\] (time to error|next call refused|finalize after|first call|then )" \
           "$OUT/tests_faults_$fault.log" | sed 's/^\[rank 0\] /  /' | tee -a "$SUMMARY"

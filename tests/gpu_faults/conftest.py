@@ -3,8 +3,7 @@
 Each test leaves its EP group out of step on purpose, so each runs in its own
 launcher invocation (tools/gpu_check.sh does this):
 
-    JAX_EP_PREPARE_STATUS_CHECK=1 python -m jax_ep.launch -n 2 \\
-        -m pytest tests/gpu_faults -k ll
+    python -m jax_ep.launch -n 2 -m pytest tests/gpu_faults -k ll
 
 Skipped without 2 GPUs, and on CPU processes: the portable backend's exchange is
 an XLA collective, which would simply wait for the missing rank.

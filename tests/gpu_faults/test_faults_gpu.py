@@ -33,6 +33,7 @@ def _skip_one_call(call, expected_op: str) -> None:
   """Both ranks call twice (compile, warm-up, graph capture); then rank 1 skips
   a call that rank 0 makes, and rank 0's next call must be refused."""
   assert jax_ep.status()["ok"]
+  assert jax_ep.status()["fails_next_execution"], "the prepare-stage check is not registered"
   call()
   call()
   assert jax_ep.status()["ok"]
