@@ -5,13 +5,14 @@
 # machine.txt, build.log, tests_cmdbuf_{on,off}.log, bench.log, bench_{ll,ht}.json,
 # ht_sweep.png.
 #
-#   tools/gpu_check.sh [all|tests|bench|ll|ht|build] [quick]
+#   tools/gpu_check.sh [all|tests|bench|ll|ht|faults|build] [quick]
 #     ll / ht: that family's tests and benchmark; tests / bench: one half;
-#     build: only the build; quick: skip the long repeated-call tests, the HT
-#     sweeps and the ragged_all_to_all baseline.
+#     faults: only the fault-injection and masking tests; build: only the
+#     build; quick: skip the long repeated-call tests, the HT sweeps and the
+#     ragged_all_to_all baseline.
 # The ragged_all_to_all baseline runs last, in its own process under a time
-# limit (RAGGED_TIMEOUT_S, default 240 s): once it ran for minutes without
-# finishing, and a stall there must not cost the other numbers.
+# limit (RAGGED_TIMEOUT_S, default 240 s; 0 skips it): once it ran for minutes
+# without finishing, and a stall there must not cost the other numbers.
 #
 # Python is the machine's python3 (jax 0.11.2, NVSHMEM wheel, nanobind,
 # scikit-build-core preinstalled); nothing is downloaded.
@@ -75,20 +76,19 @@ case "$WHAT" in
   *) test_path=tests/gpu ;;
 esac
 long_tests="not 1000 and not 10000"
-if [[ "$WHAT" != bench ]]; then
+if [[ "$WHAT" != bench && "$WHAT" != faults ]]; then
   run_tests cmdbuf_on "${QUICK:+$long_tests}" "$test_path" XLA_FLAGS="${XLA_FLAGS:-}"
   run_tests cmdbuf_off "$long_tests" "$test_path" \
       XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
-  if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
-    # Fault injection: each test leaves its EP group out of step, so one
-    # launcher run per test (tests/gpu_faults/conftest.py).
-    for fault in ll ht masked_rank_is_skipped mask_on_timeout; do
-      run_tests "faults_$fault" "$fault" tests/gpu_faults \
-          XLA_FLAGS="${XLA_FLAGS:-}"
-      grep -E "^\[rank 0\] (time to error|next call refused|finalize after|first call|then )" \
-          "$OUT/tests_faults_$fault.log" | sed 's/^\[rank 0\] /  /' | tee -a "$SUMMARY"
-    done
-  fi
+fi
+if [[ "$WHAT" == all || "$WHAT" == tests || "$WHAT" == faults ]]; then
+  # Fault injection: each test leaves its EP group out of step, so one
+  # launcher run per test (tests/gpu_faults/conftest.py).
+  for fault in ll ht masked_rank_is_skipped mask_on_timeout; do
+    run_tests "faults_$fault" "$fault" tests/gpu_faults XLA_FLAGS="${XLA_FLAGS:-}"
+    grep -E "^\[rank 0\] (time to error|next call refused|finalize after|first call|then )" \
+        "$OUT/tests_faults_$fault.log" | sed 's/^\[rank 0\] /  /' | tee -a "$SUMMARY"
+  done
 fi
 
 bench() {  # $1 = mode, rest = extra flags; output streams into $OUT/bench.log as it runs
@@ -112,7 +112,9 @@ if [[ ( "$WHAT" == all || "$WHAT" == bench || "$WHAT" == ht ) && -f jax_ep/bench
     bench ht
   else
     bench ht --sm_sweep 8,16,24,32,48 --sweep --plot "$OUT/ht_sweep.png"
-    BENCH_TIMEOUT_S=${RAGGED_TIMEOUT_S:-240} bench ht --ragged
+    if [[ "${RAGGED_TIMEOUT_S:-240}" != 0 ]]; then
+      BENCH_TIMEOUT_S=${RAGGED_TIMEOUT_S:-240} bench ht --ragged
+    fi
   fi
 fi
 
