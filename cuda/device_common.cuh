@@ -201,15 +201,13 @@ __device__ __forceinline__ bool wait_count(const uint32_t* counter, uint32_t exp
 // block must call this exactly once, after its stores (made visible system-wide
 // by each thread's __threadfence_system() inside). Returns true in all threads
 // of the last block, whose threads may then read everything the others wrote.
-// `num_blocks`: how many blocks arrive on this counter (default: the grid).
-__device__ __forceinline__ bool arrive_is_last_block(uint32_t* done_counter,
-                                                     uint32_t num_blocks = 0u) {
+__device__ __forceinline__ bool arrive_is_last_block(uint32_t* done_counter) {
   __shared__ bool is_last;
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
     const uint32_t arrived = atomicAdd(done_counter, 1u);
-    is_last = arrived == (num_blocks ? num_blocks : gridDim.x) - 1;
+    is_last = arrived == gridDim.x - 1;
     if (is_last) *done_counter = 0u;  // ready for the next launch
   }
   __syncthreads();

@@ -40,27 +40,17 @@
 //     again (dispatch n+2) only after notify n+1 saw this rank's flag n+1, which
 //     this rank sends after it finished notify n.
 //
-// combine = one kernel, ht_combine (num_sms blocks, two roles at once):
-//   senders (the first blocks): received row i (source s != me, token t) goes
-//     to s's combine_recv[p][me][t] (p = seq parity); after each row,
-//     __syncwarp and one red.release.sys add of 1 to s's
-//     combine_arrived[p][me][t / kHtChunkRows]. Rows whose source is this rank
-//     stay where they are, in y. The last sender block sets
-//     combine_flags[p][me] = seq on every rank.
-//   receivers (the last blocks, about a third): for each chunk of
-//     kHtChunkRows local tokens, one thread waits (bounded) until every other
-//     rank's counter of the chunk equals the number of the chunk's tokens that
-//     rank received (send_row >= 0), resets it, and the block sums the
-//     chunk's tokens: out[t] = sum over ranks r with send_row[t][r] >= 0 of
-//     combine_recv[p][r][t] (r != me) or y[send_row[t][me]] (r == me), in
-//     fp32, in rank order.
-//   The last block overall waits for every rank's combine flag (the
-//   handshake below) and advances the sequence number.
-// Buffer reuse: combine_recv and combine_arrived alternate by parity. A peer
-// can write parity p again (combine n+2) only after its combine n+1 ended,
-// which waited for this rank's flag of combine n+1, set after this rank's
-// combine n finished reading parity p. The flag is set even when no rows go
-// to that rank, so the handshake holds for every pair of ranks.
+// combine = two kernels:
+//   ht_combine_send: received row i (source s != me, token t) goes to s's
+//     combine_recv[p][me][t] (p = seq parity); then every thread fences and
+//     the last block sets combine_flags[p][me] = seq on every rank. Rows
+//     whose source is this rank stay where they are, in y.
+//   ht_combine_recv: waits for every rank's combine flag; out[t] = sum over
+//     ranks r with send_row[t][r] >= 0 of combine_recv[p][r][t] (r != me) or
+//     y[send_row[t][me]] (r == me), in fp32, in rank order.
+// A combine sends without a handshake, so its buffers alternate by parity: a
+// peer can write parity p again two combines later only after receiving this
+// rank's rows of the combine in between, sent after this rank read parity p.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -423,150 +413,98 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-__device__ __forceinline__ void combine_send_role(const HtContext& ctx, const HtCombineArgs& args,
-                                                  char* recv_base, uint32_t* arrived,
-                                                  int send_block, int num_send_blocks) {
-  const EpDims d = ctx.dims;
-  const int R = d.num_ranks;
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
-  const int valid = min(*args.num_tokens, args.capacity);
-  for (int i = send_block * kWarps + warp; i < valid; i += num_send_blocks * kWarps) {
-    const int src = args.recv_src[i];
-    if (src < 0 || args.num_local_tokens <= 0) continue;
-    const int s = src / args.num_local_tokens, t = src % args.num_local_tokens;
-    if (s >= R || s == d.rank) continue;  // own rows are read from y by the receivers
-    char* dst = static_cast<char*>(transport::peer_ptr(recv_base, s)) +
-                (static_cast<size_t>(d.rank) * d.max_tokens + t) * row_bytes;
-    warp_copy(reinterpret_cast<int4*>(dst),
-              reinterpret_cast<const int4*>(static_cast<const char*>(args.y) + i * row_bytes),
-              static_cast<int>(row_bytes / 16), lane);
-    __syncwarp();  // every lane's stores of this row come before the release below
-    if (lane == 0) {
-      red_add_release_sys(
-          static_cast<uint32_t*>(transport::peer_ptr(
-              arrived + d.rank * ctx.buffers.chunks_per_source + t / kHtChunkRows, s)),
-          1u);
-    }
-  }
-}
-
-__device__ __forceinline__ void combine_recv_role(const HtContext& ctx, const HtCombineArgs& args,
-                                                  const char* recv_base, uint32_t* arrived,
-                                                  int recv_block, int num_recv_blocks) {
-  __shared__ int s_expected[kHtMaxRanks];
-  const EpDims d = ctx.dims;
-  const int R = d.num_ranks;
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
-  const int num_vec = d.hidden / 8;
-  const int valid = min(*args.num_tokens, args.capacity);
-  const int num_chunks = (args.num_local_tokens + kHtChunkRows - 1) / kHtChunkRows;
-  for (int c = recv_block; c < num_chunks; c += num_recv_blocks) {
-    const int t0 = c * kHtChunkRows;
-    const int t1 = min(args.num_local_tokens, t0 + kHtChunkRows);
-    // Rows each rank holds for this chunk's tokens (kHtChunkRows == warp size).
-    if (warp == 0) {
-      const int t = t0 + lane;
-      for (int r = 0; r < R; ++r) {
-        const bool held = t < t1 && args.send_row[t * R + r] >= 0;
-        const int count = __popc(__ballot_sync(0xffffffffu, held));
-        if (lane == 0) s_expected[r] = count;
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int r = 0; r < R; ++r) {
-        if (r == d.rank || s_expected[r] == 0) continue;
-        uint32_t* counter = arrived + r * ctx.buffers.chunks_per_source + c;
-        wait_count(counter, static_cast<uint32_t>(s_expected[r]), ctx.timeout_ns, ctx.status,
-                   kOpHtCombine, r, c);
-        *counter = 0u;  // all of this chunk's adds landed: ready for parity p two combines on
-      }
-    }
-    __syncthreads();
-    // One warp per token; kBatch independent 16-byte loads per lane and source
-    // in flight (the sum is latency-bound otherwise).
-    constexpr int kBatch = 8;
-    for (int t = t0 + warp; t < t1; t += kWarps) {
-      const int my_row = lane < R ? args.send_row[t * R + lane] : -1;
-      for (int base = 0; base < num_vec; base += kBatch * kWarpSize) {
-        float acc[kBatch][8];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[u][j] = 0.0f;
-        }
-        for (int r = 0; r < R; ++r) {
-          const int row = __shfl_sync(0xffffffffu, my_row, r);
-          if (row < 0) continue;
-          const int4* src;
-          if (r == d.rank) {
-            if (row >= valid) continue;
-            src = reinterpret_cast<const int4*>(static_cast<const char*>(args.y) +
-                                                static_cast<size_t>(row) * row_bytes);
-          } else {
-            src = reinterpret_cast<const int4*>(
-                recv_base + (static_cast<size_t>(r) * d.max_tokens + t) * row_bytes);
-          }
-          int4 raw[kBatch];
-          warp_load_batch(raw, src, base, num_vec, lane);
-#pragma unroll
-          for (int u = 0; u < kBatch; ++u) {
-            const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[u]);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) acc[u][j] += __bfloat162float(vals[j]);
-          }
-        }
-        int4* out_row = reinterpret_cast<int4*>(static_cast<char*>(args.out) +
-                                                static_cast<size_t>(t) * row_bytes);
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int v = base + u * kWarpSize + lane;
-          if (v >= num_vec) continue;
-          int4 packed;
-          __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) outv[j] = __float2bfloat16_rn(acc[u][j]);
-          out_row[v] = packed;
-        }
-      }
-    }
-    __syncthreads();  // s_expected is rewritten for the next chunk
-  }
-}
-
 __global__ void __launch_bounds__(kThreads, 1)
-    ht_combine(HtContext ctx, HtCombineArgs args, int num_send_blocks) {
+    ht_combine_send(HtContext ctx, HtCombineArgs args) {
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_combine_seq) + 1;
   char* recv_base = ctx.buffers.combine_recv[seq & 1];
   uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
-  uint32_t* arrived = ctx.buffers.combine_arrived[seq & 1];
-  // With a single block, it sends first and then receives.
-  const bool single = gridDim.x == 1;
-  if (single || static_cast<int>(blockIdx.x) < num_send_blocks) {
-    combine_send_role(ctx, args, recv_base, arrived, blockIdx.x, num_send_blocks);
-    if (arrive_is_last_block(&ctx.counters->ht_combine_send_done,
-                             static_cast<uint32_t>(num_send_blocks))) {
-      for (int r = threadIdx.x; r < R; r += blockDim.x) {
-        transport::set_flag(flags + d.rank, make_flag(seq, 1), r, nullptr, 0);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
+  const int valid = min(*args.num_tokens, args.capacity);
+  for (int i = blockIdx.x * kWarps + warp; i < valid; i += gridDim.x * kWarps) {
+    const int src = args.recv_src[i];
+    if (src < 0 || args.num_local_tokens <= 0) continue;
+    const int s = src / args.num_local_tokens, t = src % args.num_local_tokens;
+    if (s >= R || s == d.rank) continue;  // own rows are read from y by ht_combine_recv
+    char* dst = static_cast<char*>(transport::peer_ptr(recv_base, s)) +
+                (static_cast<size_t>(d.rank) * d.max_tokens + t) * row_bytes;
+    warp_copy(reinterpret_cast<int4*>(dst),
+              reinterpret_cast<const int4*>(static_cast<const char*>(args.y) + i * row_bytes),
+              static_cast<int>(row_bytes / 16), lane);
+  }
+  if (arrive_is_last_block(&ctx.counters->ht_combine_send_done)) {
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+      transport::set_flag(flags + d.rank, make_flag(seq, 1), r, nullptr, 0);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    ht_combine_recv(HtContext ctx, HtCombineArgs args) {
+  const EpDims d = ctx.dims;
+  const int R = d.num_ranks;
+  const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_combine_seq) + 1;
+  const char* recv_base = ctx.buffers.combine_recv[seq & 1];
+  const uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
+  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+    wait_flag(flags + r, seq, ctx.timeout_ns, ctx.status, kOpHtCombine, r, 0);
+  }
+  __syncthreads();
+  const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
+  const int num_vec = d.hidden / 8;
+  const int valid = min(*args.num_tokens, args.capacity);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  // One warp per token; kBatch independent 16-byte loads per lane and source
+  // in flight (the sum is latency-bound otherwise).
+  constexpr int kBatch = 8;
+  for (int t = blockIdx.x * kWarps + warp; t < args.num_local_tokens; t += gridDim.x * kWarps) {
+    const int my_row = lane < R ? args.send_row[t * R + lane] : -1;
+    for (int base = 0; base < num_vec; base += kBatch * kWarpSize) {
+      float acc[kBatch][8];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[u][j] = 0.0f;
+      }
+      for (int r = 0; r < R; ++r) {
+        const int row = __shfl_sync(0xffffffffu, my_row, r);
+        if (row < 0) continue;
+        const int4* src;
+        if (r == d.rank) {
+          if (row >= valid) continue;
+          src = reinterpret_cast<const int4*>(static_cast<const char*>(args.y) +
+                                              static_cast<size_t>(row) * row_bytes);
+        } else {
+          src = reinterpret_cast<const int4*>(
+              recv_base + (static_cast<size_t>(r) * d.max_tokens + t) * row_bytes);
+        }
+        int4 raw[kBatch];
+        warp_load_batch(raw, src, base, num_vec, lane);
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[u]);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[u][j] += __bfloat162float(vals[j]);
+        }
+      }
+      int4* out_row = reinterpret_cast<int4*>(static_cast<char*>(args.out) +
+                                              static_cast<size_t>(t) * row_bytes);
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int v = base + u * kWarpSize + lane;
+        if (v >= num_vec) continue;
+        int4 packed;
+        __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) outv[j] = __float2bfloat16_rn(acc[u][j]);
+        out_row[v] = packed;
       }
     }
   }
-  if (single || static_cast<int>(blockIdx.x) >= num_send_blocks) {
-    const int recv_block = single ? 0 : blockIdx.x - num_send_blocks;
-    const int num_recv_blocks = single ? 1 : gridDim.x - num_send_blocks;
-    combine_recv_role(ctx, args, recv_base, arrived, recv_block, num_recv_blocks);
-  }
-  if (arrive_is_last_block(&ctx.counters->ht_combine_recv_done)) {
-    // The handshake that makes the parity buffers safe (see above).
-    for (int r = threadIdx.x; r < R; r += blockDim.x) {
-      if (r != d.rank) wait_flag(flags + r, seq, ctx.timeout_ns, ctx.status, kOpHtCombine, r, 0);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) ctx.counters->ht_combine_seq = seq;
+  if (arrive_is_last_block(&ctx.counters->ht_combine_recv_done) && threadIdx.x == 0) {
+    ctx.counters->ht_combine_seq = seq;
   }
 }
 
@@ -596,8 +534,8 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
 cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cudaStream_t stream) {
   if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.hidden % 8 != 0) return cudaErrorInvalidValue;
   const int grid = std::max(1, ctx.num_sms);
-  const int num_send_blocks = grid == 1 ? 1 : grid - std::max(1, grid / 3);
-  ht_combine<<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
+  ht_combine_send<<<grid, kThreads, 0, stream>>>(ctx, args);
+  ht_combine_recv<<<grid, kThreads, 0, stream>>>(ctx, args);
   return cudaGetLastError();
 }
 
@@ -606,7 +544,8 @@ cudaError_t PrepareHtKernels() {
   cudaError_t err = cudaFuncGetAttributes(&attrs, ht_notify);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_send);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv);
   return err;
 }
 

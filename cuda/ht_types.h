@@ -28,10 +28,7 @@ constexpr int kHtChunkRows = 32;
 //                     added to by s (one release-add per row), reset to 0 by this
 //                     rank once the chunk is complete
 //   combine_recv[p]   [R][T] bf16 rows: rank r's copy of local token t
-//   combine_flags[p]  [R] (seq, 1) from rank r once all its rows landed
-//   combine_arrived[p] [R][C] uint32: rows of rank r for local tokens
-//                     c*kHtChunkRows .. that have landed (added to by r,
-//                     reset by this rank once the chunk is complete)
+//   combine_flags[p]  [R] (seq, 0) from rank r once its rows landed
 struct HtBuffers {
   int32_t* counts;
   uint64_t* notify_flags;
@@ -44,7 +41,6 @@ struct HtBuffers {
   int chunks_per_source;
   char* combine_recv[2];
   uint64_t* combine_flags[2];
-  uint32_t* combine_arrived[2];
   size_t row_bytes;
 };
 

@@ -81,8 +81,6 @@ BufferLayout ComputeLayout(const EpDims& d, bool low_latency, bool high_throughp
     for (int p = 0; p < 2; ++p) {
       layout.ht_combine_recv[p] = take(R * T * 2 * H);
       layout.ht_combine_flags[p] = take(R * sizeof(uint64_t));
-      layout.ht_combine_arrived[p] =
-          take(R * ((T + kHtChunkRows - 1) / kHtChunkRows) * sizeof(uint32_t));
     }
   }
   layout.total = offset;
@@ -308,7 +306,6 @@ std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_th
     for (int p = 0; p < 2; ++p) {
       b.combine_recv[p] = base_ + layout.ht_combine_recv[p];
       b.combine_flags[p] = reinterpret_cast<uint64_t*>(base_ + layout.ht_combine_flags[p]);
-      b.combine_arrived[p] = reinterpret_cast<uint32_t*>(base_ + layout.ht_combine_arrived[p]);
     }
     b.row_bytes = layout.ht_row_bytes;
   }

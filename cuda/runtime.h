@@ -40,7 +40,6 @@ struct BufferLayout {
   size_t ht_recv_idx = 0;
   size_t ht_recv_w = 0;
   size_t ht_chunk_arrived = 0;
-  size_t ht_combine_arrived[2] = {0, 0};
   size_t ht_combine_recv[2] = {0, 0};
   size_t ht_combine_flags[2] = {0, 0};
   size_t ht_row_bytes = 0;

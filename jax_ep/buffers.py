@@ -13,7 +13,7 @@ K top-k, every buffer rounded up to 256 bytes:
   high throughput:
     counts 2*R*R*4, flags 2*R*8 (by parity), rows R*T*W (W = max(2H, H + H/32) to 16 B),
     scales R*T*(H/128)*4, sources R*T*4, top-k R*T*K*8, chunk counters R*ceil(T/32)*4,
-    combine receive 2 * (R*T*2H + R*8 + R*ceil(T/32)*4)
+    combine receive 2 * (R*T*2H + R*8)
 """
 
 from __future__ import annotations
@@ -51,5 +51,5 @@ def buffer_bytes(config: EpConfig, num_ranks: int, *, rdma_staging: bool = False
     sizes += [2 * r * r * 4, 2 * r * 8, r * t * row, r * t * (h // 128) * 4, r * t * 4, r * t * k * 4,
               r * t * k * 4, r * -(-t // _HT_CHUNK_ROWS) * 4]
     for _ in range(2):
-      sizes += [r * t * 2 * h, r * 8, r * -(-t // _HT_CHUNK_ROWS) * 4]
+      sizes += [r * t * 2 * h, r * 8]
   return sum(_align(s) for s in sizes)
