@@ -13,20 +13,13 @@
 //     capacity are dropped (send_row = -1). Writes send_row [T, R] and HtPlan.
 //   ht_dispatch (num_sms blocks, two roles running at the same time):
 //     senders (the first blocks): one warp per token loads its row once
-//       and stores it, with its scales, source token index and top-k
-//       (rewritten to the receiver's local experts), straight to its final
-//       row in each destination's recv_* buffers; the rows for this rank
+//       (16-byte loads) and stores it, with its scales, source token index
+//       and top-k (rewritten to the receiver's local experts), straight to its
+//       final row in each destination's recv_* buffers; the rows for this rank
 //       itself go straight into the XLA outputs instead (no second copy).
-//       The receiver's chunk_arrived[me][c], c = (row - first row of this
-//       rank there) / kHtChunkRows, gets 1 added per row, after the row:
-//       - bulk copies (default, cuda/tma.cuh): lane 0 streams the row through
-//         shared memory; the lanes store the metadata with ordinary stores.
-//         After each group of kTmaSendGroup tokens of the warp: __syncwarp,
-//         lane 0 waits until all its bulk stores have landed, fences
-//         (fence.proxy.async, fence.acq_rel.sys) and adds (red.relaxed.sys)
-//         for each remote row of the group;
-//       - register copies (JAX_EP_HT_TMA=0): 16-byte loads and stores; after
-//         each remote row, __syncwarp and one red.release.sys add.
+//       After each remote row: __syncwarp, then one red.release.sys add of 1
+//       to the receiver's chunk_arrived[me][c], c = (row - first row of this
+//       rank there) / kHtChunkRows.
 //     receivers (the last blocks, about a third): for every chunk of rows
 //       from another source below the capacity, one thread waits (bounded)
 //       until chunk_arrived[s][c] equals the chunk's row count (known from
@@ -49,10 +42,8 @@
 //
 // combine = two kernels:
 //   ht_combine_send: received row i (source s != me, token t) goes to s's
-//     combine_recv[p][me][t] (p = seq parity), by bulk copies (lane 0 waits
-//     until they have landed and fences the async proxy) or register copies;
-//     then every thread fences and the last block sets
-//     combine_flags[p][me] = seq on every rank. Rows
+//     combine_recv[p][me][t] (p = seq parity); then every thread fences and
+//     the last block sets combine_flags[p][me] = seq on every rank. Rows
 //     whose source is this rank stay where they are, in y.
 //   ht_combine_recv: waits for every rank's combine flag; out[t] = sum over
 //     ranks r with send_row[t][r] >= 0 of combine_recv[p][r][t] (r != me) or
@@ -68,7 +59,6 @@
 
 #include "cuda/device_common.cuh"
 #include "cuda/ht_launch.h"
-#include "cuda/tma.cuh"
 #include "cuda/transport.cuh"
 
 namespace jax_ep::cuda {
@@ -237,82 +227,34 @@ __device__ __forceinline__ void count_row_experts(int local, int num_topk, int* 
   if (first && local < 1024) atomicAdd(&s_tpe[local], 1);
 }
 
-// Everything but the row itself for token t's row `row` on rank r: scales,
-// top-k rewritten to r's local experts, weights, source index; for r == me
-// also the expert counts. Warp-collective.
-template <bool kHasScales>
-__device__ __forceinline__ void send_row_metadata(const HtContext& ctx, const HtDispatchArgs& args,
-                                                  int t, int r, int row, int* s_tpe, int lane) {
-  const EpDims d = ctx.dims;
-  const HtBuffers& b = ctx.buffers;
-  const bool self = r == d.rank;
-  if constexpr (kHasScales) {
-    void* scales = self ? args.out_scales : transport::peer_ptr(b.recv_scales, r);
-    warp_copy_words(static_cast<char*>(scales) + static_cast<size_t>(row) * args.scale_bytes,
-                    static_cast<const char*>(args.scales) + static_cast<size_t>(t) * args.scale_bytes,
-                    args.scale_bytes, lane);
-  }
-  int local = -1;
-  if (lane < d.num_topk) {
-    const int e = args.topk_idx[t * d.num_topk + lane];
-    const bool mine = e >= 0 && e < d.num_experts && e / d.experts_per_rank == r;
-    local = mine ? e - r * d.experts_per_rank : -1;
-    auto* idx = self ? args.out_idx : static_cast<int32_t*>(transport::peer_ptr(b.recv_idx, r));
-    auto* w = self ? args.out_w : static_cast<float*>(transport::peer_ptr(b.recv_w, r));
-    idx[row * d.num_topk + lane] = local;
-    w[row * d.num_topk + lane] = mine ? args.topk_weights[t * d.num_topk + lane] : 0.0f;
-  }
-  if (self) {
-    if (lane == 0) args.out_recv_src[row] = d.rank * args.num_tokens + t;
-    count_row_experts(local, d.num_topk, s_tpe, lane);
-  } else if (lane == 0) {
-    static_cast<int32_t*>(transport::peer_ptr(b.recv_src, r))[row] = t;
-  }
-}
-
-// The receiver's counter of the chunk holding `row` (a row from this rank on r).
-__device__ __forceinline__ uint32_t* chunk_counter(const HtContext& ctx, int r, int row,
-                                                   const int* s_row_offset) {
-  const HtBuffers& b = ctx.buffers;
-  const int chunk = (row - s_row_offset[r]) / kHtChunkRows;
-  return static_cast<uint32_t*>(
-      transport::peer_ptr(b.chunk_arrived + ctx.dims.rank * b.chunks_per_source + chunk, r));
-}
-
-// Where rows for rank r go: r's recv_x, or this rank's XLA output for r == me.
-__device__ __forceinline__ void init_row_destinations(const HtContext& ctx, const HtDispatchArgs& args,
-                                                      char** s_dst_x, size_t* s_dst_stride) {
-  const int R = ctx.dims.num_ranks;
-  if (threadIdx.x < R) {
-    const int r = threadIdx.x;
-    const bool self = r == ctx.dims.rank;
-    s_dst_x[r] = self ? static_cast<char*>(args.out_x)
-                      : static_cast<char*>(transport::peer_ptr(ctx.buffers.recv_x, r));
-    s_dst_stride[r] = self ? args.row_bytes : ctx.buffers.row_bytes;
-  }
-  __syncthreads();
-}
-
-// Register copies: each batch of the row is loaded once and stored to every
-// destination; one release-add per remote row.
 template <bool kHasScales>
 __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const HtDispatchArgs& args,
                                                    int send_block, int num_send_blocks,
                                                    int* s_tpe, const int* s_row_offset) {
+  // Where rows for rank r go: r's recv_x, or this rank's XLA output for r == me.
   __shared__ char* s_dst_x[kHtMaxRanks];
   __shared__ size_t s_dst_stride[kHtMaxRanks];
   __shared__ int s_rows[kWarps][kHtMaxRanks];
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
+  const HtBuffers& b = ctx.buffers;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_vec = static_cast<int>(args.row_bytes / 16);
   constexpr int kUnroll = 8;
-  init_row_destinations(ctx, args, s_dst_x, s_dst_stride);
+  if (threadIdx.x < R) {
+    const int r = threadIdx.x;
+    const bool self = r == d.rank;
+    s_dst_x[r] = self ? static_cast<char*>(args.out_x)
+                      : static_cast<char*>(transport::peer_ptr(b.recv_x, r));
+    s_dst_stride[r] = self ? args.row_bytes : b.row_bytes;
+  }
+  __syncthreads();
   for (int t = send_block * kWarps + warp; t < args.num_tokens; t += num_send_blocks * kWarps) {
     if (lane < R) s_rows[warp][lane] = args.out_send_row[t * R + lane];
     __syncwarp();
     const int4* src = reinterpret_cast<const int4*>(static_cast<const char*>(args.x) +
                                                     static_cast<size_t>(t) * args.row_bytes);
+    // Each batch of the row is loaded once and stored to every destination.
     for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
       int4 batch[kUnroll];
       warp_load_batch(batch, src, base, num_vec, lane);
@@ -327,82 +269,40 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     for (int r = 0; r < R; ++r) {
       const int row = s_rows[warp][r];
       if (row < 0) continue;
-      send_row_metadata<kHasScales>(ctx, args, t, r, row, s_tpe, lane);
-      if (r != d.rank) {
+      const bool self = r == d.rank;
+      if constexpr (kHasScales) {
+        void* scales = self ? args.out_scales : transport::peer_ptr(b.recv_scales, r);
+        warp_copy_words(static_cast<char*>(scales) + static_cast<size_t>(row) * args.scale_bytes,
+                        static_cast<const char*>(args.scales) +
+                            static_cast<size_t>(t) * args.scale_bytes,
+                        args.scale_bytes, lane);
+      }
+      int local = -1;
+      if (lane < d.num_topk) {
+        const int e = args.topk_idx[t * d.num_topk + lane];
+        const bool mine = e >= 0 && e < d.num_experts && e / d.experts_per_rank == r;
+        local = mine ? e - r * d.experts_per_rank : -1;
+        auto* idx = self ? args.out_idx : static_cast<int32_t*>(transport::peer_ptr(b.recv_idx, r));
+        auto* w = self ? args.out_w : static_cast<float*>(transport::peer_ptr(b.recv_w, r));
+        idx[row * d.num_topk + lane] = local;
+        w[row * d.num_topk + lane] = mine ? args.topk_weights[t * d.num_topk + lane] : 0.0f;
+      }
+      if (self) {
+        if (lane == 0) args.out_recv_src[row] = d.rank * args.num_tokens + t;
+        count_row_experts(local, d.num_topk, s_tpe, lane);
+      } else {
+        if (lane == 0) static_cast<int32_t*>(transport::peer_ptr(b.recv_src, r))[row] = t;
         __syncwarp();  // every lane's stores of this row come before the release below
-        if (lane == 0) red_add_release_sys(chunk_counter(ctx, r, row, s_row_offset), 1u);
+        if (lane == 0) {
+          const int chunk = (row - s_row_offset[r]) / kHtChunkRows;
+          red_add_release_sys(static_cast<uint32_t*>(transport::peer_ptr(
+                                  b.chunk_arrived + d.rank * b.chunks_per_source + chunk, r)),
+                              1u);
+        }
       }
     }
     __syncwarp();  // s_rows[warp] is rewritten for the next token
   }
-}
-
-// Rows per warp between two publications of the TMA send role.
-constexpr int kTmaSendGroup = 4;
-
-// Bulk copies (cuda/tma.cuh): lane 0 streams each row through two shared
-// stages to every destination. The chunk counters of a group of
-// kTmaSendGroup rows are added after one wait for all of the group's stores
-// and one system fence, instead of one release per row.
-template <bool kHasScales>
-__device__ __forceinline__ void dispatch_send_role_tma(const HtContext& ctx,
-                                                       const HtDispatchArgs& args, int send_block,
-                                                       int num_send_blocks, int* s_tpe,
-                                                       const int* s_row_offset, char* s_stages) {
-  __shared__ char* s_dst_x[kHtMaxRanks];
-  __shared__ size_t s_dst_stride[kHtMaxRanks];
-  __shared__ int s_rows[kWarps][kTmaSendGroup][kHtMaxRanks];
-  __shared__ uint64_t s_bars[kWarps][kTmaStages];
-  const EpDims d = ctx.dims;
-  const int R = d.num_ranks;
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  init_row_destinations(ctx, args, s_dst_x, s_dst_stride);
-  TmaPipe pipe{};
-  if (lane == 0) pipe = tma_pipe_init(s_stages + warp * kTmaStages * kTmaPieceBytes, s_bars[warp]);
-  __syncwarp();
-  const int stride = num_send_blocks * kWarps;
-  for (int first = send_block * kWarps + warp; first < args.num_tokens;
-       first += kTmaSendGroup * stride) {
-    for (int g = 0; g < kTmaSendGroup; ++g) {
-      const int t = first + g * stride;
-      if (lane < R) s_rows[warp][g][lane] = t < args.num_tokens ? args.out_send_row[t * R + lane] : -1;
-    }
-    __syncwarp();
-    for (int g = 0; g < kTmaSendGroup; ++g) {
-      const int t = first + g * stride;
-      if (t >= args.num_tokens) break;
-      if (lane == 0) {
-        void* dst[kHtMaxRanks];
-        int num_dst = 0;
-        for (int r = 0; r < R; ++r) {
-          const int row = s_rows[warp][g][r];
-          if (row >= 0) dst[num_dst++] = s_dst_x[r] + static_cast<size_t>(row) * s_dst_stride[r];
-        }
-        tma_copy_row(pipe, dst, num_dst,
-                     static_cast<const char*>(args.x) + static_cast<size_t>(t) * args.row_bytes,
-                     static_cast<uint32_t>(args.row_bytes));
-      }
-      for (int r = 0; r < R; ++r) {
-        const int row = s_rows[warp][g][r];
-        if (row >= 0) send_row_metadata<kHasScales>(ctx, args, t, r, row, s_tpe, lane);
-      }
-    }
-    __syncwarp();  // every lane's metadata stores come before lane 0's fence
-    if (lane == 0) {
-      tma_complete_all();
-      fence_acq_rel_sys();
-      for (int g = 0; g < kTmaSendGroup; ++g) {
-        for (int r = 0; r < R; ++r) {
-          const int row = s_rows[warp][g][r];
-          if (row >= 0 && r != d.rank) red_add_relaxed_sys(chunk_counter(ctx, r, row, s_row_offset), 1u);
-        }
-      }
-    }
-    __syncwarp();  // s_rows[warp] is rewritten for the next group
-  }
-  // Rows for this rank itself were stored by the copy engine too: landed
-  // before the block finishes.
-  if (lane == 0) tma_complete_all();
 }
 
 template <bool kHasScales>
@@ -495,13 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // With a single block, it sends first and then receives.
   const bool single = gridDim.x == 1;
   if (single || static_cast<int>(blockIdx.x) < num_send_blocks) {
-    if (ctx.tma_copies) {
-      extern __shared__ __align__(128) char s_stages[];
-      dispatch_send_role_tma<kHasScales>(ctx, args, blockIdx.x, num_send_blocks, s_tpe,
-                                         s_row_offset, s_stages);
-    } else {
-      dispatch_send_role<kHasScales>(ctx, args, blockIdx.x, num_send_blocks, s_tpe, s_row_offset);
-    }
+    dispatch_send_role<kHasScales>(ctx, args, blockIdx.x, num_send_blocks, s_tpe, s_row_offset);
   }
   if (single || static_cast<int>(blockIdx.x) >= num_send_blocks) {
     const int recv_block = single ? 0 : blockIdx.x - num_send_blocks;
@@ -529,33 +423,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
   const int valid = min(*args.num_tokens, args.capacity);
-  // With ctx.tma_copies, lane 0 of each warp copies through the bulk copy engine.
-  extern __shared__ __align__(128) char s_stages[];
-  __shared__ uint64_t s_bars[kWarps][kTmaStages];
-  TmaPipe pipe{};
-  bool tma_ready = false;
   for (int i = blockIdx.x * kWarps + warp; i < valid; i += gridDim.x * kWarps) {
     const int src = args.recv_src[i];
     if (src < 0 || args.num_local_tokens <= 0) continue;
     const int s = src / args.num_local_tokens, t = src % args.num_local_tokens;
     if (s >= R || s == d.rank) continue;  // own rows are read from y by ht_combine_recv
-    void* dst = static_cast<char*>(transport::peer_ptr(recv_base, s)) +
+    char* dst = static_cast<char*>(transport::peer_ptr(recv_base, s)) +
                 (static_cast<size_t>(d.rank) * d.max_tokens + t) * row_bytes;
-    const char* row = static_cast<const char*>(args.y) + i * row_bytes;
-    if (!ctx.tma_copies) {
-      warp_copy(static_cast<int4*>(dst), reinterpret_cast<const int4*>(row),
-                static_cast<int>(row_bytes / 16), lane);
-    } else if (lane == 0) {
-      if (!tma_ready) {
-        pipe = tma_pipe_init(s_stages + warp * kTmaStages * kTmaPieceBytes, s_bars[warp]);
-        tma_ready = true;
-      }
-      tma_copy_row(pipe, &dst, 1, row, static_cast<uint32_t>(row_bytes));
-    }
+    warp_copy(reinterpret_cast<int4*>(dst),
+              reinterpret_cast<const int4*>(static_cast<const char*>(args.y) + i * row_bytes),
+              static_cast<int>(row_bytes / 16), lane);
   }
-  // Bulk stores have landed before the block counts as done (the flags below
-  // publish them: arrive_is_last_block fences at system scope).
-  if (tma_ready) tma_complete_all();
   if (arrive_is_last_block(&ctx.counters->ht_combine_send_done)) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
       transport::set_flag(flags + d.rank, make_flag(seq, 1), r, nullptr, 0);
@@ -632,11 +510,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-// Dynamic shared memory of the kernels that copy rows: the bulk-copy stages
-// of every warp (cuda/tma.cuh), or none.
-constexpr size_t kTmaSmemBytes = static_cast<size_t>(kWarps) * kTmaStages * kTmaPieceBytes;
-size_t TmaSmemBytes(const HtContext& ctx) { return ctx.tma_copies ? kTmaSmemBytes : 0; }
-
 cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
                              cudaStream_t stream) {
   if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.experts_per_rank > 1024 ||
@@ -651,9 +524,9 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
   const int grid = std::max(1, ctx.num_sms);
   const int num_send_blocks = grid == 1 ? 1 : grid - std::max(1, grid / 3);
   if (args.scales != nullptr) {
-    ht_dispatch<true><<<grid, kThreads, TmaSmemBytes(ctx), stream>>>(ctx, args, num_send_blocks);
+    ht_dispatch<true><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
   } else {
-    ht_dispatch<false><<<grid, kThreads, TmaSmemBytes(ctx), stream>>>(ctx, args, num_send_blocks);
+    ht_dispatch<false><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
   }
   return cudaGetLastError();
 }
@@ -661,7 +534,7 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
 cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cudaStream_t stream) {
   if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.hidden % 8 != 0) return cudaErrorInvalidValue;
   const int grid = std::max(1, ctx.num_sms);
-  ht_combine_send<<<grid, kThreads, TmaSmemBytes(ctx), stream>>>(ctx, args);
+  ht_combine_send<<<grid, kThreads, 0, stream>>>(ctx, args);
   ht_combine_recv<<<grid, kThreads, 0, stream>>>(ctx, args);
   return cudaGetLastError();
 }
@@ -672,17 +545,6 @@ cudaError_t PrepareHtKernels() {
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_send);
-  // Raise the dynamic shared-memory limit once, here, not in an FFI call.
-  const int smem = static_cast<int>(kTmaSmemBytes);
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(ht_dispatch<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  }
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(ht_dispatch<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  }
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(ht_combine_send, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  }
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv);
   return err;
 }

@@ -60,8 +60,6 @@ struct HtContext {
   DeviceStatus* status;      // host-mapped
   uint64_t timeout_ns;
   int num_sms;               // SM budget of the HT kernels (EpConfig.num_sms)
-  int tma_copies;            // 1: row copies through the bulk copy engine (cuda/tma.cuh);
-                             // 0: 16-byte register copies (JAX_EP_HT_TMA=0)
 };
 
 }  // namespace jax_ep::cuda

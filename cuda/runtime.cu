@@ -292,10 +292,6 @@ std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_th
   ht_.plan = ht_plan_;
   // HT SM budget: EpConfig.num_sms, else kHtDefaultSms (DeepEP's 24; see docs/benchmarks.md).
   ht_.num_sms = std::max(1, std::min(num_sms > 0 ? num_sms : kHtDefaultSms, num_sms_));
-  // Row copies through the bulk copy engine unless JAX_EP_HT_TMA=0 (kept for
-  // benchmarking both in one run; docs/benchmarks.md).
-  const char* tma_env = std::getenv("JAX_EP_HT_TMA");
-  ht_.tma_copies = (tma_env != nullptr && std::string(tma_env) == "0") ? 0 : 1;
   if (high_throughput) {
     HtBuffers& b = ht_.buffers;
     b.counts = reinterpret_cast<int32_t*>(base_ + layout.ht_counts);
