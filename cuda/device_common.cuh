@@ -38,16 +38,6 @@ __device__ __forceinline__ void red_add_release_sys(uint32_t* ptr, uint32_t valu
   asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(ptr), "r"(value) : "memory");
 }
 
-// A relaxed add; publishes earlier writes only after a fence_acq_rel_sys by
-// the same thread (one fence for several adds).
-__device__ __forceinline__ void red_add_relaxed_sys(uint32_t* ptr, uint32_t value) {
-  asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(ptr), "r"(value) : "memory");
-}
-
-__device__ __forceinline__ void fence_acq_rel_sys() {
-  asm volatile("fence.acq_rel.sys;" ::: "memory");
-}
-
 __device__ __forceinline__ void st_release_sys(uint64_t* ptr, uint64_t value) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ptr), "l"(value) : "memory");
 }

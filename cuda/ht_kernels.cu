@@ -17,11 +17,9 @@
 //       and top-k (rewritten to the receiver's local experts), straight to its
 //       final row in each destination's recv_* buffers; the rows for this rank
 //       itself go straight into the XLA outputs instead (no second copy).
-//       A warp takes ctx.send_group of its tokens at a time; after their
-//       rows: __syncwarp, then lane 0 fences (fence.acq_rel.sys) and adds 1
-//       (red.relaxed.sys) per remote row to the receiver's
-//       chunk_arrived[me][c], c = (row - first row of this rank there) /
-//       kHtChunkRows. One fence per group, not one release per row.
+//       After each remote row: __syncwarp, then one red.release.sys add of 1
+//       to the receiver's chunk_arrived[me][c], c = (row - first row of this
+//       rank there) / kHtChunkRows.
 //     receivers (the last blocks, about a third): for every chunk of rows
 //       from another source below the capacity, one thread waits (bounded)
 //       until chunk_arrived[s][c] equals the chunk's row count (known from
@@ -229,15 +227,6 @@ __device__ __forceinline__ void count_row_experts(int local, int num_topk, int* 
   if (first && local < 1024) atomicAdd(&s_tpe[local], 1);
 }
 
-// The receiver's counter of the chunk holding `row` (a row from this rank on r).
-__device__ __forceinline__ uint32_t* chunk_counter(const HtContext& ctx, int r, int row,
-                                                   const int* s_row_offset) {
-  const HtBuffers& b = ctx.buffers;
-  const int chunk = (row - s_row_offset[r]) / kHtChunkRows;
-  return static_cast<uint32_t*>(
-      transport::peer_ptr(b.chunk_arrived + ctx.dims.rank * b.chunks_per_source + chunk, r));
-}
-
 template <bool kHasScales>
 __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const HtDispatchArgs& args,
                                                    int send_block, int num_send_blocks,
@@ -245,13 +234,12 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   // Where rows for rank r go: r's recv_x, or this rank's XLA output for r == me.
   __shared__ char* s_dst_x[kHtMaxRanks];
   __shared__ size_t s_dst_stride[kHtMaxRanks];
-  __shared__ int s_rows[kWarps][kHtMaxSendGroup][kHtMaxRanks];
+  __shared__ int s_rows[kWarps][kHtMaxRanks];
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const HtBuffers& b = ctx.buffers;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_vec = static_cast<int>(args.row_bytes / 16);
-  const int group = ctx.send_group;
   constexpr int kUnroll = 8;
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
@@ -261,73 +249,59 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     s_dst_stride[r] = self ? args.row_bytes : b.row_bytes;
   }
   __syncthreads();
-  const int stride = num_send_blocks * kWarps;
-  // A warp takes `group` of its tokens at a time (t = first + g * stride):
-  // their send rows in one load, their rows and metadata, then one system
-  // fence and one relaxed add per remote row.
-  for (int first = send_block * kWarps + warp; first < args.num_tokens; first += group * stride) {
-    if (lane < group * R) {
-      const int t = first + (lane / R) * stride;
-      s_rows[warp][lane / R][lane % R] = t < args.num_tokens ? args.out_send_row[t * R + lane % R] : -1;
-    }
+  for (int t = send_block * kWarps + warp; t < args.num_tokens; t += num_send_blocks * kWarps) {
+    if (lane < R) s_rows[warp][lane] = args.out_send_row[t * R + lane];
     __syncwarp();
-    for (int g = 0; g < group; ++g) {
-      const int t = first + g * stride;
-      if (t >= args.num_tokens) break;
-      const int4* src = reinterpret_cast<const int4*>(static_cast<const char*>(args.x) +
-                                                      static_cast<size_t>(t) * args.row_bytes);
-      // Each batch of the row is loaded once and stored to every destination.
-      for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
-        int4 batch[kUnroll];
-        warp_load_batch(batch, src, base, num_vec, lane);
-        for (int r = 0; r < R; ++r) {
-          const int row = s_rows[warp][g][r];
-          if (row < 0) continue;
-          warp_store_batch(reinterpret_cast<int4*>(s_dst_x[r] + static_cast<size_t>(row) *
-                                                                    s_dst_stride[r]),
-                           batch, base, num_vec, lane);
-        }
-      }
+    const int4* src = reinterpret_cast<const int4*>(static_cast<const char*>(args.x) +
+                                                    static_cast<size_t>(t) * args.row_bytes);
+    // Each batch of the row is loaded once and stored to every destination.
+    for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
+      int4 batch[kUnroll];
+      warp_load_batch(batch, src, base, num_vec, lane);
       for (int r = 0; r < R; ++r) {
-        const int row = s_rows[warp][g][r];
+        const int row = s_rows[warp][r];
         if (row < 0) continue;
-        const bool self = r == d.rank;
-        if constexpr (kHasScales) {
-          void* scales = self ? args.out_scales : transport::peer_ptr(b.recv_scales, r);
-          warp_copy_words(static_cast<char*>(scales) + static_cast<size_t>(row) * args.scale_bytes,
-                          static_cast<const char*>(args.scales) +
-                              static_cast<size_t>(t) * args.scale_bytes,
-                          args.scale_bytes, lane);
-        }
-        int local = -1;
-        if (lane < d.num_topk) {
-          const int e = args.topk_idx[t * d.num_topk + lane];
-          const bool mine = e >= 0 && e < d.num_experts && e / d.experts_per_rank == r;
-          local = mine ? e - r * d.experts_per_rank : -1;
-          auto* idx = self ? args.out_idx : static_cast<int32_t*>(transport::peer_ptr(b.recv_idx, r));
-          auto* w = self ? args.out_w : static_cast<float*>(transport::peer_ptr(b.recv_w, r));
-          idx[row * d.num_topk + lane] = local;
-          w[row * d.num_topk + lane] = mine ? args.topk_weights[t * d.num_topk + lane] : 0.0f;
-        }
-        if (self) {
-          if (lane == 0) args.out_recv_src[row] = d.rank * args.num_tokens + t;
-          count_row_experts(local, d.num_topk, s_tpe, lane);
-        } else if (lane == 0) {
-          static_cast<int32_t*>(transport::peer_ptr(b.recv_src, r))[row] = t;
+        warp_store_batch(reinterpret_cast<int4*>(s_dst_x[r] + static_cast<size_t>(row) *
+                                                                  s_dst_stride[r]),
+                         batch, base, num_vec, lane);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const int row = s_rows[warp][r];
+      if (row < 0) continue;
+      const bool self = r == d.rank;
+      if constexpr (kHasScales) {
+        void* scales = self ? args.out_scales : transport::peer_ptr(b.recv_scales, r);
+        warp_copy_words(static_cast<char*>(scales) + static_cast<size_t>(row) * args.scale_bytes,
+                        static_cast<const char*>(args.scales) +
+                            static_cast<size_t>(t) * args.scale_bytes,
+                        args.scale_bytes, lane);
+      }
+      int local = -1;
+      if (lane < d.num_topk) {
+        const int e = args.topk_idx[t * d.num_topk + lane];
+        const bool mine = e >= 0 && e < d.num_experts && e / d.experts_per_rank == r;
+        local = mine ? e - r * d.experts_per_rank : -1;
+        auto* idx = self ? args.out_idx : static_cast<int32_t*>(transport::peer_ptr(b.recv_idx, r));
+        auto* w = self ? args.out_w : static_cast<float*>(transport::peer_ptr(b.recv_w, r));
+        idx[row * d.num_topk + lane] = local;
+        w[row * d.num_topk + lane] = mine ? args.topk_weights[t * d.num_topk + lane] : 0.0f;
+      }
+      if (self) {
+        if (lane == 0) args.out_recv_src[row] = d.rank * args.num_tokens + t;
+        count_row_experts(local, d.num_topk, s_tpe, lane);
+      } else {
+        if (lane == 0) static_cast<int32_t*>(transport::peer_ptr(b.recv_src, r))[row] = t;
+        __syncwarp();  // every lane's stores of this row come before the release below
+        if (lane == 0) {
+          const int chunk = (row - s_row_offset[r]) / kHtChunkRows;
+          red_add_release_sys(static_cast<uint32_t*>(transport::peer_ptr(
+                                  b.chunk_arrived + d.rank * b.chunks_per_source + chunk, r)),
+                              1u);
         }
       }
     }
-    __syncwarp();  // every lane's stores of the group come before lane 0's fence
-    if (lane == 0) {
-      fence_acq_rel_sys();
-      for (int g = 0; g < group; ++g) {
-        for (int r = 0; r < R; ++r) {
-          const int row = s_rows[warp][g][r];
-          if (row >= 0 && r != d.rank) red_add_relaxed_sys(chunk_counter(ctx, r, row, s_row_offset), 1u);
-        }
-      }
-    }
-    __syncwarp();  // s_rows[warp] is rewritten for the next group
+    __syncwarp();  // s_rows[warp] is rewritten for the next token
   }
 }
 
@@ -449,26 +423,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
   const int valid = min(*args.num_tokens, args.capacity);
-  const int stride = gridDim.x * kWarps;
-  // The warp's next 32 rows' sources in one load (lane j: row first + j * stride),
-  // instead of one dependent load before each row.
-  for (int first = blockIdx.x * kWarps + warp; first < valid; first += kWarpSize * stride) {
-    const int my_row = first + lane * stride;
-    const int my_src = my_row < valid ? args.recv_src[my_row] : -1;
-    for (int j = 0; j < kWarpSize; ++j) {
-      const int i = first + j * stride;
-      if (i >= valid) break;
-      const int src = __shfl_sync(0xffffffffu, my_src, j);
-      if (src < 0 || args.num_local_tokens <= 0) continue;
-      const int s = src / args.num_local_tokens, t = src % args.num_local_tokens;
-      if (s >= R || s == d.rank) continue;  // own rows are read from y by ht_combine_recv
-      char* dst = static_cast<char*>(transport::peer_ptr(recv_base, s)) +
-                  (static_cast<size_t>(d.rank) * d.max_tokens + t) * row_bytes;
-      warp_copy(reinterpret_cast<int4*>(dst),
-                reinterpret_cast<const int4*>(static_cast<const char*>(args.y) +
-                                              static_cast<size_t>(i) * row_bytes),
-                static_cast<int>(row_bytes / 16), lane);
-    }
+  for (int i = blockIdx.x * kWarps + warp; i < valid; i += gridDim.x * kWarps) {
+    const int src = args.recv_src[i];
+    if (src < 0 || args.num_local_tokens <= 0) continue;
+    const int s = src / args.num_local_tokens, t = src % args.num_local_tokens;
+    if (s >= R || s == d.rank) continue;  // own rows are read from y by ht_combine_recv
+    char* dst = static_cast<char*>(transport::peer_ptr(recv_base, s)) +
+                (static_cast<size_t>(d.rank) * d.max_tokens + t) * row_bytes;
+    warp_copy(reinterpret_cast<int4*>(dst),
+              reinterpret_cast<const int4*>(static_cast<const char*>(args.y) + i * row_bytes),
+              static_cast<int>(row_bytes / 16), lane);
   }
   if (arrive_is_last_block(&ctx.counters->ht_combine_send_done)) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) {

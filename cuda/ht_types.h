@@ -52,8 +52,6 @@ struct HtPlan {
   int32_t recv_prefix[9];   // first row of each source here; [R] = total received
 };
 
-constexpr int kHtMaxSendGroup = 4;
-
 struct HtContext {
   EpDims dims;
   HtBuffers buffers;
@@ -62,8 +60,6 @@ struct HtContext {
   DeviceStatus* status;      // host-mapped
   uint64_t timeout_ns;
   int num_sms;               // SM budget of the HT kernels (EpConfig.num_sms)
-  int send_group;            // HT dispatch: tokens per warp per chunk-counter
-                             // publication, 1..kHtMaxSendGroup (JAX_EP_HT_SEND_GROUP)
 };
 
 }  // namespace jax_ep::cuda

@@ -292,13 +292,6 @@ std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_th
   ht_.plan = ht_plan_;
   // HT SM budget: EpConfig.num_sms, else kHtDefaultSms (DeepEP's 24; see docs/benchmarks.md).
   ht_.num_sms = std::max(1, std::min(num_sms > 0 ? num_sms : kHtDefaultSms, num_sms_));
-  // Tokens per warp between two chunk-counter publications of the HT
-  // dispatch (docs/benchmarks.md); JAX_EP_HT_SEND_GROUP=1..4 overrides it
-  // for measurements.
-  ht_.send_group = kHtMaxSendGroup;
-  if (const char* group_env = std::getenv("JAX_EP_HT_SEND_GROUP")) {
-    ht_.send_group = std::max(1, std::min(std::atoi(group_env), kHtMaxSendGroup));
-  }
   if (high_throughput) {
     HtBuffers& b = ht_.buffers;
     b.counts = reinterpret_cast<int32_t*>(base_ + layout.ht_counts);
