@@ -89,10 +89,38 @@ def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
                 num_calls, repeats)
 
 
+def time_single_shot(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
+                     num_calls: int = 5) -> Timing:
+  """Like time_per_call, but every executable runs exactly once.
+
+  For ``jax.lax.ragged_all_to_all`` across processes (XLA's NCCL send/recv
+  fallback, jax 0.11.2): the second execution of the same executable hung on
+  2x H200 (2026-11-30, tools/ragged_probe.py), also in plain JAX without
+  jax_ep. A two-call executable runs first (NCCL set-up), then one execution
+  each of num_calls (> 2) and of 1 call, three distinct programs; the slope
+  is their difference over num_calls - 1. One sample each: no median.
+  """
+  warm_fn = _executable(per_shard_op, mesh, 2)
+  long_fn = _executable(per_shard_op, mesh, max(num_calls, 3))
+  short_fn = _executable(per_shard_op, mesh, 1)
+  num_calls = max(num_calls, 3)
+  args = [global_array(mesh, a) for a in local_args]
+  compiled = [fn.lower(*args).compile() for fn in (warm_fn, long_fn, short_fn)]
+  jax.block_until_ready(compiled[0](*args))
+  samples = []
+  for fn in compiled[1:]:
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    samples.append(time.perf_counter() - start)
+  slope_us = (samples[0] - samples[1]) * 1e6 / (num_calls - 1)
+  return Timing(slope_us, samples[0] * 1e6 / num_calls, samples[0] * 1e6 / num_calls,
+                num_calls, 1)
+
+
 def global_array(mesh: jax.sharding.Mesh, local: np.ndarray) -> jax.Array:
-  """The EP-sharded global array whose shard on this process is ``local``."""
+  """The EP-sharded global array whose part on this process is ``local``."""
   return jax.make_array_from_process_local_data(
-      NamedSharding(mesh, P("ep")), local, (local.shape[0] * jax.device_count(),) + local.shape[1:])
+      NamedSharding(mesh, P("ep")), local, (local.shape[0] * jax.process_count(),) + local.shape[1:])
 
 
 def gather_max(value: float) -> float:
