@@ -56,6 +56,27 @@ def test_ht_dispatch_and_combine_match_oracle(shape):
                              atol=1e-2)
 
 
+@pytest.mark.parametrize("shape", [(16, 4, 64, 48), (256, 8, 4096, 4096), (64, 32, 128, 100)])
+def test_get_dispatch_layout_matches_oracle(shape):
+  """The layout kernel against the oracle, bitwise: -1 entries, invalid values,
+  repeated experts within a token, fewer tokens than max_tokens_per_rank."""
+  e, k, t, t_local = shape
+  config, mesh = _setup(e, k, t, 256)
+  rng = np.random.default_rng(650 * rank() + e + k)
+  idx = routing(rng, t_local, k, e)
+  idx[0, -1] = -7
+  idx[2, 0] = e + 3
+  idx[3, :2] = idx[3, 2]  # the same expert three times: counted once
+
+  def fn(idx):
+    return (jax_ep.get_dispatch_layout(idx, config=config),
+            jax_ep.reference.get_dispatch_layout(idx, config=config))
+
+  got, want = run(fn, mesh, idx)
+  for name, a, b in zip(("tokens_per_rank", "tokens_per_expert", "is_token_in_rank"), got, want):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+
+
 @pytest.mark.parametrize("case", ["one_rank", "no_tokens", "capacity"])
 def test_ht_edge_routing(case):
   e, k, t, h = 16, 4, 64, 256
