@@ -35,6 +35,16 @@ def _call(target: str, results, *args, **attrs):
   return jax.ffi.ffi_call(target, results, has_side_effect=True)(*args, **attrs)
 
 
+def cached_routing(send_row: jax.Array, config: EpConfig) -> jax.Array:
+  """int32 [T, K]: token t to the first expert of rank r where send_row[t, r] >= 0
+  (needs K >= R). A dispatch with it places rows where the dispatch that made
+  send_row did (CudaBackend.ht_dispatch_cached)."""
+  num_ranks = send_row.shape[1]
+  first_expert = jnp.arange(num_ranks, dtype=I32) * config.experts_per_rank(num_ranks)
+  routing = jnp.where(send_row >= 0, first_expert[None, :], -1)
+  return jnp.pad(routing, ((0, 0), (0, config.num_topk - num_ranks)), constant_values=-1)
+
+
 HT_MAX_RANKS = 8  # cuda/ht_launch.h kHtMaxRanks: one NVLink domain
 LAYOUT_MAX_COUNTERS = 12000  # cuda/layout_launch.h kLayoutMaxCounters
 
@@ -98,6 +108,32 @@ class CudaBackend(XlaBackend):
     handle = DispatchHandle(recv_src=recv_src, send_row=send_row, num_tokens=num_kept,
                             config=config)
     return outs, out_idx, out_w, num_kept, tokens_per_expert, num_dropped, num_invalid, handle
+
+  def ht_dispatch_cached(self, payload: jax.Array, handle: DispatchHandle) -> jax.Array:
+    """Combine's backward on the dispatch kernel: [T_local, H] bf16 rows along
+    the handle's layout -> [C, H].
+
+    The kernel is driven by cached_routing: token t to the first expert of
+    rank r exactly where send_row[t, r] >= 0. Rows then land in the same
+    (source rank, source token) order, so at the same rows: a row kept by the
+    original dispatch has only kept rows before it (drops happen past the
+    capacity, at the end of that order), so the prefix sums the kernel
+    computes from the kept rows alone place it where it was
+    (tests/cpu/test_ht.py checks this on the portable path). Needs R <= K;
+    otherwise, or with debug_checks, the portable path.
+    """
+    config = handle.config
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    num_tokens = handle.send_row.shape[0]
+    if (payload.ndim != 2 or payload.shape != (num_tokens, config.hidden)
+        or num_ranks > config.num_topk or config.debug_checks
+        or not self.ht_kernel_supports((payload,), config, num_ranks)):
+      return super().ht_dispatch_cached(payload, handle)
+    routing = cached_routing(handle.send_row, config)
+    weights = jnp.zeros((num_tokens, config.num_topk), jnp.float32)
+    (rows,), *_ = self.ht_dispatch((payload,), routing, weights, config,
+                                   handle.recv_src.shape[0])
+    return rows
 
   def ht_combine(self, rows: jax.Array, handle: DispatchHandle) -> jax.Array:
     config = handle.config

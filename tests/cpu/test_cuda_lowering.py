@@ -113,6 +113,21 @@ def test_high_throughput_ops_lower_to_the_cuda_targets(fp8):
   assert "-> tensor<8x256xbf16>" in calls[1]
 
 
+def test_high_throughput_gradients_lower_to_the_cuda_targets():
+  """dispatch's backward is a combine, combine's a dispatch along the handle: both kernels."""
+  def fn(x, idx, w):
+    def loss(x):
+      d = jax_ep.dispatch(x, idx, w, config=CONFIG)
+      return jnp.sum(jax_ep.combine(d.x, d.handle, config=CONFIG).astype(jnp.float32) ** 2)
+    return jax.grad(loss)(x)
+
+  text = _lower_for_cuda(fn, ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
+                         ((16, 4), jnp.float32))
+  targets = [re.search(r"@(\w+)", c).group(1) for c in _custom_calls(text)]
+  assert sorted(targets) == ["jax_ep_ht_combine", "jax_ep_ht_combine", "jax_ep_ht_dispatch",
+                             "jax_ep_ht_dispatch"], targets
+
+
 def test_layout_lowers_to_the_layout_kernel():
   def fn(idx):
     tokens_per_rank, tokens_per_expert, in_rank = jax_ep.get_dispatch_layout(idx, config=CONFIG)

@@ -225,3 +225,36 @@ def test_dispatch_is_deterministic_in_source_order():
     assert np.all(np.diff(src) > 0)
     # each row really is the source token's row
     np.testing.assert_array_equal(d.x[r, :len(src)], x[src])  # global row = s*T_local + t
+
+
+@pytest.mark.parametrize("capacity", [None, 1, 5, 13])
+def test_cached_routing_places_rows_like_the_cached_dispatch(capacity):
+  """The CUDA combine backward dispatches along a synthetic routing
+  (backends/cuda.cached_routing): checked here with the portable dispatch
+  against the portable cached dispatch, capacity drops included."""
+  from jax_ep.backends.cuda import cached_routing  # pylint: disable=import-outside-toplevel
+  from jax_ep.backends.xla import XlaBackend  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(40 + (capacity or 0))
+  num_ranks, e, k, t = 4, 16, 4, 8
+  config, mesh = setup(num_ranks, num_experts=e, hidden=16, max_tokens_per_rank=t, num_topk=k)
+  x = random_rows(rng, (num_ranks * t, 16), jnp.float32)
+  g = random_rows(rng, (num_ranks * t, 16), jnp.float32)
+  idx = _routing(rng, num_ranks, t, k, e, skew=3.0)
+  w = rng.random((num_ranks * t, k), np.float32)
+  backend = XlaBackend()
+  cap = capacity or num_ranks * t
+
+  def fn(x, g, idx, w):
+    handle = jax_ep.dispatch(x, idx, w, config=config, capacity=capacity).handle
+    cached = backend.ht_dispatch_cached(g, handle)
+    routing = cached_routing(handle.send_row, config)
+    zeros = jnp.zeros(routing.shape, jnp.float32)
+    (rows,), _, _, kept, _, _, _, synthetic = backend.ht_dispatch((g,), routing, zeros, config,
+                                                                  cap)
+    return cached, rows, handle.num_tokens, kept, handle.recv_src, synthetic.recv_src
+
+  cached, rows, kept, synthetic_kept, recv_src, synthetic_recv_src = run_per_shard(
+      fn, mesh, x, g, idx, w)
+  np.testing.assert_array_equal(synthetic_kept, kept)
+  np.testing.assert_array_equal(synthetic_recv_src, recv_src)
+  np.testing.assert_array_equal(bits(rows), bits(cached))
