@@ -159,6 +159,29 @@ def test_ht_gradients_match_oracle():
                                atol=5e-2)
 
 
+@pytest.mark.parametrize("capacity", [None, 50])
+def test_combine_backward_moves_rows_like_the_portable_cached_dispatch(capacity):
+  """combine's VJP (on CUDA: the dispatch kernel along cached_routing) against the
+  portable cached dispatch, bitwise; with capacity drops too."""
+  from jax_ep.backends.xla import XlaBackend  # pylint: disable=import-outside-toplevel
+  e, k, t, h = 16, 4, 64, 256
+  config, mesh = _setup(e, k, t, h)
+  rng = np.random.default_rng(950 + rank())
+  x, g = rows(rng, (t, h)), rows(rng, (t, h))
+  idx = routing(rng, t, k, e)
+  w = rng.random((t, k), np.float32)
+
+  def fn(x, g, idx, w):
+    d = jax_ep.dispatch(x, idx, w, config=config, capacity=capacity)
+    _, vjp = jax.vjp(lambda y: jax_ep.combine(y, d.handle, config=config), d.x)
+    return vjp(g)[0], XlaBackend().ht_dispatch_cached(g, d.handle), d.num_dropped
+
+  got, want, dropped = run(fn, mesh, x, g, idx, w)
+  np.testing.assert_array_equal(bits(got), bits(want))
+  if capacity is not None:
+    assert int(dropped) > 0
+
+
 def test_ht_1000_calls_with_changing_routing():
   e, k, t, h = 32, 4, 64, 256
   config, mesh = _setup(e, k, t, h)
