@@ -160,8 +160,6 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     if bare:
       results["layout", "jax_ep"] = time(
           "layout, jax_ep", lambda i: jax_ep.get_dispatch_layout(i, config=config), idx)
-      results["layout", "all_to_all"] = time(
-          "layout, portable", lambda i: portable.layout(i, config)[1:], idx)
       results["bare all_to_all", "jax.lax.all_to_all"] = time(
         "bare all_to_all, jax.lax.all_to_all",
           lambda x: jax.lax.all_to_all(x.reshape(num_ranks, -1, hidden), "ep", 0, 0, tiled=True),
@@ -178,10 +176,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     if system == "jax_ep":
       base = results.get((name.replace("FP8", "BF16"), "all_to_all"))
     if name == "layout":  # no rows move: time only
-      label = "get_dispatch_layout"
-      rows.append(Row(label, f"jax_ep ({jax_ep.runtime_state().backend_name} backend)"
-                      if system == "jax_ep" else "portable (jnp)",
-                      us, gbps=None, nvlink_gbps=None, baseline_us=base))
+      rows.append(Row("get_dispatch_layout", "jax_ep (fused jnp; docs/benchmarks.md)", us))
       continue
     system = {"all_to_all": "all_to_all (portable)",
               "jax_ep": f"jax_ep ({jax_ep.runtime_state().backend_name} backend)"}.get(
