@@ -194,3 +194,22 @@ def test_debug_checks_raise_at_run_time(op):
     run_per_shard(fn, mesh, x, idx, w)
   idx[5, 1] = 3  # valid input runs
   run_per_shard(fn, mesh, x, idx, w)
+
+
+def test_finalize_drops_a_failed_runtime_token(monkeypatch):
+  """After a fault, JAX's saved runtime token holds the refused call's error and
+  JAX waits for it at exit; finalize() drops it so the process exits cleanly."""
+  from jax._src import dispatch  # pylint: disable=import-outside-toplevel
+
+  class FailedTokens:
+    cleared = False
+
+    def block_until_ready(self):
+      raise RuntimeError("DEADLINE_EXCEEDED: jax_ep.EpError: ... timed out")
+
+    def clear(self):
+      FailedTokens.cleared = True
+
+  monkeypatch.setattr(dispatch, "runtime_tokens", FailedTokens())
+  jax_ep.finalize()
+  assert FailedTokens.cleared
