@@ -156,6 +156,14 @@ def require(config: EpConfig, op: str) -> RuntimeState:
   current = _state
   if current is None:
     raise EpError(f"jax_ep.{op}: call jax_ep.initialize(config, mesh) before tracing jax_ep ops")
+  fault = status()
+  if not fault["ok"]:
+    # Executables compiled earlier fail in XLA (a runtime error carrying this
+    # message); a new trace fails here, as a real EpError.
+    raise EpError(
+        f"jax_ep.{op}: an earlier jax_ep op ({fault['op']}) timed out waiting for EP rank "
+        f"{fault['peer']} (detail {fault['detail']}); the EP group is out of step. Restart it: "
+        "jax_ep.finalize() and jax_ep.initialize() on every rank (docs/reliability.md)")
   if current.config != config:
     raise EpConfigError(
         f"jax_ep.{op}: jax_ep was initialized with {current.config} but this call uses "

@@ -213,3 +213,17 @@ def test_finalize_drops_a_failed_runtime_token(monkeypatch):
   monkeypatch.setattr(dispatch, "runtime_tokens", FailedTokens())
   jax_ep.finalize()
   assert FailedTokens.cleared
+
+
+def test_a_recorded_fault_fails_the_next_trace_with_ep_error(monkeypatch):
+  """After a kernel recorded a timeout, tracing any jax_ep op raises jax_ep.EpError
+  naming the op and the peer (executables compiled before fail inside XLA)."""
+  from jax_ep import runtime  # pylint: disable=import-outside-toplevel
+  config, mesh = setup(2, **CONFIG)
+  idx = np.zeros((2 * 4, 2), np.int32)
+  monkeypatch.setattr(runtime, "status", lambda: {
+      "ok": False, "backend": "cuda", "op": "dispatch (count exchange)", "peer": 1, "detail": 0,
+      "fault_count": 1})
+  with pytest.raises(jax_ep.EpError, match=r"dispatch \(count exchange\)\) timed out waiting "
+                                           r"for EP rank 1"):
+    run_per_shard(lambda i: jax_ep.get_dispatch_layout(i, config=config)[0], mesh, idx)
