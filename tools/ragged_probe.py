@@ -1,6 +1,7 @@
 """Where does the ragged_all_to_all baseline stall? Timestamps per stage.
 
     python -m jax_ep.launch -n 2 tools/ragged_probe.py [tokens]
+    tools/ragged_probe.sh   # several XLA flag variants, each under a time limit
 
 Stage 1 runs MaxText's ragged_all_to_all dispatch in plain JAX (no jax_ep, no
 NVSHMEM); stage 2 the same after jax_ep.initialize. Each stage: compile, one
@@ -12,8 +13,10 @@ import os
 import sys
 import time
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_gpu_allow_ragged_all_to_all_nccl_send_recv_fallback=true")
+# RAGGED_PROBE_FLAGS: the XLA flags under test (tools/ragged_probe.sh tries
+# several); default: the NCCL send/recv fallback the benchmark uses.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + os.environ.get(
+    "RAGGED_PROBE_FLAGS", "--xla_gpu_allow_ragged_all_to_all_nccl_send_recv_fallback=true"))
 
 from jax_ep import launch  # noqa: E402
 
