@@ -92,8 +92,10 @@ def live_ranks_mask(num_ranks: int) -> np.ndarray:
 
 
 def require_unmasked(op: str) -> None:
-  """Raises EpError for ops that need every rank while some rank is masked."""
-  if _masked:
+  """Raises EpError for ops that need every rank while some rank is masked
+  (by mask_rank, or on CUDA by a kernel's mask_on_timeout)."""
+  masked = masked_ranks()
+  if masked:
     raise EpError(
-        f"jax_ep.{op}: ranks {masked_ranks()} are masked; rank masking covers the low-latency "
+        f"jax_ep.{op}: ranks {masked} are masked; rank masking covers the low-latency "
         "ops only, and this op needs every EP rank (jax_ep.unmask_all() to lift the masks)")
