@@ -6,6 +6,7 @@ process of the mesh); the ops look the state up at trace time.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import os
@@ -142,6 +143,11 @@ def _drop_failed_runtime_tokens() -> None:
     tokens.block_until_ready()
   except Exception:  # pylint: disable=broad-except
     tokens.clear()  # the error was already raised to the caller of that call
+
+
+# Also at exit, for a process that never calls finalize(): registered after
+# JAX's own exit hook (jax is imported first), so it runs before it.
+atexit.register(_drop_failed_runtime_tokens)
 
 
 def state() -> Optional[RuntimeState]:

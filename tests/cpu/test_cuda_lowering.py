@@ -29,6 +29,10 @@ def _custom_calls(text: str) -> list[str]:
   return [line for line in text.splitlines() if "stablehlo.custom_call" in line]
 
 
+def _targets(calls: list[str]) -> list[str]:
+  return [re.search(r"@(\w+)", c).group(1) for c in calls]
+
+
 def _attr(line: str, name: str) -> str:
   match = re.search(rf"{name} = ([^,}}]+)", line)
   assert match, f"attribute {name} missing in {line}"
@@ -45,7 +49,7 @@ def test_low_latency_ops_lower_to_the_cuda_targets(use_fp8):
   text = _lower_for_cuda(fn, ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
                          ((16, 4), jnp.float32))
   calls = _custom_calls(text)
-  targets = [re.search(r"@(\w+)", c).group(1) for c in calls]
+  targets = _targets(calls)
   assert targets == ["jax_ep_ll_dispatch", "jax_ep_ll_combine"], targets
   for call in calls:
     assert "has_side_effect = true" in call
@@ -77,7 +81,7 @@ def test_split_low_latency_ops_lower_to_send_and_recv_tied_by_a_ticket():
   text = _lower_for_cuda(fn, ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
                          ((16, 4), jnp.float32))
   calls = _custom_calls(text)
-  targets = [re.search(r"@(\w+)", c).group(1) for c in calls]
+  targets = _targets(calls)
   assert targets == ["jax_ep_ll_dispatch_send", "jax_ep_ll_dispatch_recv",
                      "jax_ep_ll_combine_send", "jax_ep_ll_combine_recv"], targets
   # Each recv takes its send's ticket: dispatch_send's second result, combine_send's result.
@@ -100,7 +104,7 @@ def test_high_throughput_ops_lower_to_the_cuda_targets(fp8):
   text = _lower_for_cuda(fn, ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
                          ((16, 4), jnp.float32))
   calls = _custom_calls(text)
-  targets = [re.search(r"@(\w+)", c).group(1) for c in calls]
+  targets = _targets(calls)
   assert targets == ["jax_ep_ht_dispatch", "jax_ep_ht_combine"], targets
   for call in calls:
     assert "has_side_effect = true" in call
@@ -123,7 +127,7 @@ def test_high_throughput_gradients_lower_to_the_cuda_targets():
 
   text = _lower_for_cuda(fn, ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
                          ((16, 4), jnp.float32))
-  targets = [re.search(r"@(\w+)", c).group(1) for c in _custom_calls(text)]
+  targets = _targets(_custom_calls(text))
   assert sorted(targets) == ["jax_ep_ht_combine", "jax_ep_ht_combine", "jax_ep_ht_dispatch",
                              "jax_ep_ht_dispatch"], targets
 

@@ -227,3 +227,28 @@ def test_a_recorded_fault_fails_the_next_trace_with_ep_error(monkeypatch):
   with pytest.raises(jax_ep.EpError, match=r"dispatch \(count exchange\)\) timed out waiting "
                                            r"for EP rank 1"):
     run_per_shard(lambda i: jax_ep.get_dispatch_layout(i, config=config)[0], mesh, idx)
+
+
+def test_a_failed_runtime_token_is_also_dropped_at_exit():
+  """A process that never calls finalize() after a fault must exit cleanly too:
+  the token drop runs at exit, before JAX's own exit wait (registered later, runs first)."""
+  import os  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  script = (
+      "import jax_ep\n"
+      "from jax._src import dispatch\n"
+      "class Failed:\n"
+      "  failed = True\n"
+      "  def block_until_ready(self):\n"
+      "    if self.failed:\n"
+      "      raise RuntimeError('jax_ep.EpError: timed out')\n"
+      "  def clear(self):\n"
+      "    print('dropped', flush=True)\n"
+      "    self.failed = False\n"
+      "dispatch.runtime_tokens = Failed()\n")
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.returncode == 0, result.stderr
+  assert "dropped" in result.stdout
+  assert "Exception ignored in atexit" not in result.stderr, result.stderr

@@ -18,7 +18,7 @@ from jax_ep import launch  # noqa: E402
 _LAUNCHED = launch.initialize_distributed_from_env()
 
 import jax_ep  # noqa: E402
-from gpu_testing import missing_gpus  # noqa: E402
+from gpu_testing import missing_gpus, skip_all  # noqa: E402
 
 
 # Developers may run these tests' logic on CPU processes with the portable
@@ -39,9 +39,7 @@ _SKIP = _skip_reason()
 
 def pytest_collection_modifyitems(config, items):
   del config
-  if _SKIP:
-    for item in items:
-      item.add_marker(pytest.mark.skip(reason=_SKIP))
+  skip_all(items, _SKIP)
 
 
 def pytest_report_header(config):

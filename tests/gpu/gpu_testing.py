@@ -8,10 +8,19 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
+
+
+def skip_all(items, reason: str | None) -> None:
+  """pytest_collection_modifyitems body shared by tests/gpu and tests/gpu_faults:
+  marks every collected test skipped with `reason` (nothing when None)."""
+  if reason:
+    for item in items:
+      item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def missing_gpus() -> str | None:

@@ -12,15 +12,13 @@ an XLA collective, which would simply wait for the missing rank.
 import os
 import sys
 
-import pytest
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "gpu"))
 
 from jax_ep import launch  # noqa: E402
 
 _LAUNCHED = launch.initialize_distributed_from_env()
 
-from gpu_testing import missing_gpus  # noqa: E402
+from gpu_testing import missing_gpus, skip_all  # noqa: E402
 
 
 def _skip_reason() -> str | None:
@@ -36,6 +34,4 @@ _SKIP = _skip_reason()
 
 def pytest_collection_modifyitems(config, items):
   del config
-  if _SKIP:
-    for item in items:
-      item.add_marker(pytest.mark.skip(reason=_SKIP))
+  skip_all(items, _SKIP)
