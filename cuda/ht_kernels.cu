@@ -68,6 +68,42 @@ constexpr int kNotifyThreads = 1024;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarpSize;
 
+// Profiling hooks (JAX_EP_PROFILE=1; no-ops when ctx.profile is null). Slots:
+// ep_types.h DeviceProfile. A role's time runs from block 0's start to the
+// latest end among the role's blocks; the last block of the call closes it.
+constexpr int kProfNotify = 4, kProfDispatchSend = 5, kProfDispatchRecv = 6,
+              kProfCombineSend = 7, kProfCombineRecv = 8;
+
+__device__ __forceinline__ void ht_profile_start(const HtContext& ctx, int k) {
+  if (ctx.profile != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    ctx.profile->start[k] = global_timer_ns();
+  }
+}
+// Thread 0 of each block of the role, once the block's part is done.
+__device__ __forceinline__ void ht_profile_role_end(const HtContext& ctx, int k) {
+  if (ctx.profile != nullptr && threadIdx.x == 0) {
+    atomicMax(reinterpret_cast<unsigned long long*>(&ctx.profile->role_end[k]),
+              static_cast<unsigned long long>(global_timer_ns()));
+  }
+}
+// Thread 0 of a block: `ns` this block spent waiting for peers.
+__device__ __forceinline__ void ht_profile_wait(const HtContext& ctx, int k, uint64_t ns) {
+  if (ctx.profile != nullptr && threadIdx.x == 0) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(&ctx.profile->wait_ns[k]),
+              static_cast<unsigned long long>(ns));
+    atomicAdd(reinterpret_cast<unsigned long long*>(&ctx.profile->blocks[k]), 1ull);
+  }
+}
+// One thread of the call's last block, after every block's role_end.
+__device__ __forceinline__ void ht_profile_close(const HtContext& ctx, int k) {
+  if (ctx.profile != nullptr) {
+    DeviceProfile* p = ctx.profile;
+    if (p->role_end[k] > p->start[k]) p->total_ns[k] += p->role_end[k] - p->start[k];
+    p->role_end[k] = 0;
+    p->calls[k] += 1;
+  }
+}
+
 // Scales rows are whole float32 words.
 __device__ __forceinline__ void warp_copy_words(void* dst, const void* src, size_t bytes,
                                                 int lane) {
@@ -141,6 +177,7 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_dispatch_seq) + 1;
+  ht_profile_start(ctx, kProfNotify);
   // Parity buffers (see "Buffer reuse" above).
   int32_t* counts = ctx.buffers.counts + (seq & 1) * R * R;
   uint64_t* notify_flags = ctx.buffers.notify_flags + (seq & 1) * R;
@@ -183,6 +220,9 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
     }
   }
   __syncthreads();
+  if (ctx.profile != nullptr && threadIdx.x == 0) {
+    ht_profile_wait(ctx, kProfNotify, global_timer_ns() - ctx.profile->start[kProfNotify]);
+  }
   if (threadIdx.x == 0) {
     HtPlan* plan = ctx.plan;
     int prefix = 0;
@@ -214,6 +254,9 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
       out_send_row[t * R + r] = row;
     }
   }
+  __syncthreads();
+  ht_profile_role_end(ctx, kProfNotify);
+  if (threadIdx.x == 0) ht_profile_close(ctx, kProfNotify);
 }
 
 // Counts each local expert of a row once (first occurrence among the lanes
@@ -227,7 +270,7 @@ __device__ __forceinline__ void count_row_experts(int local, int num_topk, int* 
   if (first && local < 1024) atomicAdd(&s_tpe[local], 1);
 }
 
-template <bool kHasScales>
+template <bool kHasScales, int kUnroll>
 __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const HtDispatchArgs& args,
                                                    int send_block, int num_send_blocks,
                                                    int* s_tpe, const int* s_row_offset) {
@@ -240,7 +283,6 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   const HtBuffers& b = ctx.buffers;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_vec = static_cast<int>(args.row_bytes / 16);
-  constexpr int kUnroll = 8;
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
     const bool self = r == d.rank;
@@ -305,10 +347,12 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   }
 }
 
+// Returns the time thread 0 spent waiting for chunks (profiling only; else 0).
 template <bool kHasScales>
-__device__ __forceinline__ void dispatch_recv_role(const HtContext& ctx, const HtDispatchArgs& args,
+__device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx, const HtDispatchArgs& args,
                                                    int recv_block, int num_recv_blocks,
                                                    int* s_tpe, const int* s_prefix, int kept) {
+  uint64_t waited_ns = 0;
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const HtBuffers& b = ctx.buffers;
@@ -328,12 +372,14 @@ __device__ __forceinline__ void dispatch_recv_role(const HtContext& ctx, const H
     const int first = s_prefix[s] + c * kHtChunkRows;
     const int last = min(min(s_prefix[s + 1], kept), first + kHtChunkRows);
     if (threadIdx.x == 0) {
+      const uint64_t wait_start = ctx.profile != nullptr ? global_timer_ns() : 0;
       uint32_t* counter = b.chunk_arrived + s * b.chunks_per_source + c;
       // On a timeout (recorded for the host) the chunk is copied anyway: its
       // rows are in bounds, and the call's results are void.
       wait_count(counter, static_cast<uint32_t>(last - first), ctx.timeout_ns, ctx.status,
                  kOpHtDispatch, s, c);
       *counter = 0u;  // every add of this chunk has landed: ready for the next dispatch
+      if (ctx.profile != nullptr) waited_ns += global_timer_ns() - wait_start;
     }
     __syncthreads();
     for (int row = first + warp; row < last; row += kWarps) {
@@ -375,9 +421,13 @@ __device__ __forceinline__ void dispatch_recv_role(const HtContext& ctx, const H
     }
     if (lane == 0) args.out_recv_src[row] = -1;
   }
+  return waited_ns;
 }
 
-template <bool kHasScales>
+// kUnroll: 16-byte vectors per lane per load batch of the send role (8 by
+// default; 16 under JAX_EP_HT_SEND_UNROLL=16, an experiment: fewer dependent
+// load round trips per row).
+template <bool kHasScales, int kUnroll>
 __global__ void __launch_bounds__(kThreads, 1)
     ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks) {
   __shared__ int s_prefix[kHtMaxRanks + 1];
@@ -386,6 +436,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_dispatch_seq) + 1;
+  ht_profile_start(ctx, kProfDispatchSend);
+  ht_profile_start(ctx, kProfDispatchRecv);
+  uint64_t waited_ns = 0;  // thread 0 of a receiver block (profiling)
   for (int i = threadIdx.x; i <= R; i += blockDim.x) s_prefix[i] = ctx.plan->recv_prefix[i];
   for (int r = threadIdx.x; r < R; r += blockDim.x) s_row_offset[r] = ctx.plan->row_offset[r];
   for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) s_tpe[e] = 0;
@@ -395,14 +448,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   // With a single block, it sends first and then receives.
   const bool single = gridDim.x == 1;
   if (single || static_cast<int>(blockIdx.x) < num_send_blocks) {
-    dispatch_send_role<kHasScales>(ctx, args, blockIdx.x, num_send_blocks, s_tpe, s_row_offset);
+    dispatch_send_role<kHasScales, kUnroll>(ctx, args, blockIdx.x, num_send_blocks, s_tpe,
+                                            s_row_offset);
   }
   if (single || static_cast<int>(blockIdx.x) >= num_send_blocks) {
     const int recv_block = single ? 0 : blockIdx.x - num_send_blocks;
     const int num_recv_blocks = single ? 1 : gridDim.x - num_send_blocks;
-    dispatch_recv_role<kHasScales>(ctx, args, recv_block, num_recv_blocks, s_tpe, s_prefix, kept);
+    waited_ns = dispatch_recv_role<kHasScales>(ctx, args, recv_block, num_recv_blocks, s_tpe,
+                                               s_prefix, kept);
   }
   __syncthreads();
+  if (single || static_cast<int>(blockIdx.x) >= num_send_blocks) {
+    ht_profile_wait(ctx, kProfDispatchRecv, waited_ns);
+    ht_profile_role_end(ctx, kProfDispatchRecv);
+  } else {
+    ht_profile_role_end(ctx, kProfDispatchSend);
+  }
   for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) {
     if (s_tpe[e]) atomicAdd(args.out_tokens_per_expert + e, s_tpe[e]);
   }
@@ -410,6 +471,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     *args.out_num_tokens = kept;
     *args.out_num_dropped = received - kept;
     ctx.counters->ht_dispatch_seq = seq;
+    ht_profile_close(ctx, kProfDispatchSend);
+    ht_profile_close(ctx, kProfDispatchRecv);
   }
 }
 
@@ -420,6 +483,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_combine_seq) + 1;
   char* recv_base = ctx.buffers.combine_recv[seq & 1];
   uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
+  ht_profile_start(ctx, kProfCombineSend);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
   const int valid = min(*args.num_tokens, args.capacity);
@@ -438,6 +502,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
       transport::set_flag(flags + d.rank, make_flag(seq, 1), r, nullptr, 0);
     }
+    ht_profile_role_end(ctx, kProfCombineSend);
+    if (threadIdx.x == 0) ht_profile_close(ctx, kProfCombineSend);
   }
 }
 
@@ -448,10 +514,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_combine_seq) + 1;
   const char* recv_base = ctx.buffers.combine_recv[seq & 1];
   const uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
+  ht_profile_start(ctx, kProfCombineRecv);
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
     wait_flag(flags + r, seq, ctx.timeout_ns, ctx.status, kOpHtCombine, r, 0);
   }
   __syncthreads();
+  if (ctx.profile != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    ht_profile_wait(ctx, kProfCombineRecv,
+                    global_timer_ns() - ctx.profile->start[kProfCombineRecv]);
+  }
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
   const int num_vec = d.hidden / 8;
   const int valid = min(*args.num_tokens, args.capacity);
@@ -505,6 +576,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (arrive_is_last_block(&ctx.counters->ht_combine_recv_done) && threadIdx.x == 0) {
     ctx.counters->ht_combine_seq = seq;
+    ht_profile_role_end(ctx, kProfCombineRecv);
+    ht_profile_close(ctx, kProfCombineRecv);
   }
 }
 
@@ -522,11 +595,21 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
                                               args.out_tokens_per_expert);
   // One SM budget for both roles: about a third of the blocks receive.
   const int grid = std::max(1, ctx.num_sms);
-  const int num_send_blocks = grid == 1 ? 1 : grid - std::max(1, grid / 3);
+  // ctx.recv_divisor (3; JAX_EP_HT_RECV_DIVISOR, an experiment) sets the
+  // share of receiver blocks: grid / divisor.
+  const int num_send_blocks =
+      grid == 1 ? 1 : grid - std::max(1, grid / std::max(2, ctx.recv_divisor));
+  const bool wide = ctx.send_unroll == 16;
   if (args.scales != nullptr) {
-    ht_dispatch<true><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
+    if (wide) {
+      ht_dispatch<true, 16><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
+    } else {
+      ht_dispatch<true, 8><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
+    }
+  } else if (wide) {
+    ht_dispatch<false, 16><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
   } else {
-    ht_dispatch<false><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
+    ht_dispatch<false, 8><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
   }
   return cudaGetLastError();
 }
@@ -542,8 +625,10 @@ cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cud
 cudaError_t PrepareHtKernels() {
   cudaFuncAttributes attrs;
   cudaError_t err = cudaFuncGetAttributes(&attrs, ht_notify);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true, 8>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false, 8>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true, 16>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false, 16>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_send);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv);
   return err;
