@@ -47,6 +47,7 @@ def cached_routing(send_row: jax.Array, config: EpConfig) -> jax.Array:
 
 HT_MAX_RANKS = 8  # cuda/ht_launch.h kHtMaxRanks: one NVLink domain
 LAYOUT_MAX_COUNTERS = 12000  # cuda/layout_launch.h kLayoutMaxCounters
+LAYOUT_MAX_RANKS = 32  # cuda/layout_launch.h kLayoutMaxRanks
 
 
 class CudaBackend(XlaBackend):
@@ -58,9 +59,9 @@ class CudaBackend(XlaBackend):
   def layout(self, topk_idx: jax.Array, config: EpConfig):
     """The layout kernel (one pass over topk_idx, local: no exchange); the
     portable path with debug_checks (its cross-rank check) or past the
-    kernel's limits (K <= 32, E + R <= LAYOUT_MAX_COUNTERS)."""
+    kernel's limits (K <= 32, R <= LAYOUT_MAX_RANKS, E + R <= LAYOUT_MAX_COUNTERS)."""
     num_ranks = jax.lax.axis_size(config.axis_name)
-    if (config.debug_checks or config.num_topk > 32
+    if (config.debug_checks or config.num_topk > 32 or num_ranks > LAYOUT_MAX_RANKS
         or config.num_experts + num_ranks > LAYOUT_MAX_COUNTERS):
       return super().layout(topk_idx, config)
     num_tokens, num_topk = topk_idx.shape

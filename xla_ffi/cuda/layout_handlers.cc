@@ -1,5 +1,6 @@
-// XLA FFI handler (CUDA) of get_dispatch_layout: one kernel, local only (no
-// NVSHMEM, no runtime state), command-buffer compatible.
+// XLA FFI handler (CUDA) of get_dispatch_layout: one kernel launch (one thread-
+// block cluster, no memset), local only (no NVSHMEM, no runtime state),
+// command-buffer compatible.
 //
 //   jax_ep_layout(topk_idx s32[T,K]) ->
 //       clean_idx s32[T,K], num_invalid s32[], tokens_per_rank s32[R],
@@ -47,8 +48,9 @@ ffi::Error LayoutImpl(cudaStream_t stream, int64_t num_experts, int64_t num_rank
   const cudaError_t err = cuda::LaunchLayout(args, stream);
   if (err == cudaErrorInvalidValue) {
     return ffi::Error::InvalidArgument(
-        "jax_ep get_dispatch_layout: the layout kernel needs 1 <= K <= 32, E divisible by R and "
-        "E + R <= " + std::to_string(cuda::kLayoutMaxCounters) + "; got K = " +
+        "jax_ep get_dispatch_layout: the layout kernel needs 1 <= K <= 32, 1 <= R <= " +
+        std::to_string(cuda::kLayoutMaxRanks) + ", E a positive multiple of R and E + R <= " +
+        std::to_string(cuda::kLayoutMaxCounters) + "; got K = " +
         std::to_string(args.num_topk) + ", E = " + std::to_string(num_experts) + ", R = " +
         std::to_string(num_ranks));
   }
