@@ -14,7 +14,6 @@
 #include "xla/ffi/api/c_api.h"
 #include "xla_ffi/cuda/handler_common.h"
 #include "xla_ffi/cuda/ht_handlers.h"
-#include "xla_ffi/cuda/layout_handlers.h"
 #include "xla_ffi/cuda/ll_handlers.h"
 
 namespace nb = nanobind;
@@ -52,7 +51,6 @@ NB_MODULE(_jax_ep_cuda, m) {
     std::vector<jax_ep::ffi_cuda::HandlerEntry> entries;
     jax_ep::ffi_cuda::AppendLlHandlers(&entries);
     jax_ep::ffi_cuda::AppendHtHandlers(&entries);
-    jax_ep::ffi_cuda::AppendLayoutHandlers(&entries);
     nb::dict result;
     for (const auto& entry : entries) {
       result[entry.name] = nb::capsule(reinterpret_cast<void*>(entry.handler));

@@ -3,9 +3,8 @@
 Implements the backend interface of backends/xla.py. Row layouts and handles
 are the same, so steps without a kernel (payloads the kernels do not move, and
 the small LL backward helpers) run on the portable implementation, on the GPU.
-Every custom call that exchanges data is marked side-effecting (all ranks must
-issue them in the same order); the layout kernel, local only, is not. Results
-vary over the EP axis like the inputs.
+Every custom call is marked side-effecting (all ranks must issue them in the
+same order) and its results vary over the EP axis like its inputs.
 """
 
 from __future__ import annotations
@@ -46,32 +45,12 @@ def cached_routing(send_row: jax.Array, config: EpConfig) -> jax.Array:
 
 
 HT_MAX_RANKS = 8  # cuda/ht_launch.h kHtMaxRanks: one NVLink domain
-LAYOUT_MAX_COUNTERS = 12000  # cuda/layout_launch.h kLayoutMaxCounters
-LAYOUT_MAX_RANKS = 32  # cuda/layout_launch.h kLayoutMaxRanks
 
 
 class CudaBackend(XlaBackend):
   """Kernels for bf16 (and FP8) rows; the portable path for everything else."""
 
   name = "cuda"
-
-  # ---------------------------------------------------------------- layout
-  def layout(self, topk_idx: jax.Array, config: EpConfig):
-    """The layout kernel (one pass over topk_idx, local: no exchange); the
-    portable path with debug_checks (its cross-rank check) or past the
-    kernel's limits (K <= 32, R <= LAYOUT_MAX_RANKS, E + R <= LAYOUT_MAX_COUNTERS)."""
-    num_ranks = jax.lax.axis_size(config.axis_name)
-    if (config.debug_checks or config.num_topk > 32 or num_ranks > LAYOUT_MAX_RANKS
-        or config.num_experts + num_ranks > LAYOUT_MAX_COUNTERS):
-      return super().layout(topk_idx, config)
-    num_tokens, num_topk = topk_idx.shape
-    results = (result_type((num_tokens, num_topk), I32, topk_idx),
-               result_type((), I32, topk_idx), result_type((num_ranks,), I32, topk_idx),
-               result_type((config.num_experts,), I32, topk_idx),
-               result_type((num_tokens, num_ranks), jnp.bool_, topk_idx))
-    # No side effect: it reads only its operand and talks to no peer.
-    return tuple(jax.ffi.ffi_call("jax_ep_layout", results)(
-        topk_idx, num_experts=np.int64(config.num_experts), num_ranks=np.int64(num_ranks)))
 
   # ---------------------------------------------------------------- HT
   @staticmethod
@@ -234,8 +213,7 @@ class CudaBackend(XlaBackend):
 
 def lowering_check_targets() -> tuple[str, ...]:
   """FFI targets the CUDA backend emits (tests look for them in lowered HLO)."""
-  return ("jax_ep_layout", "jax_ep_ht_dispatch", "jax_ep_ht_combine", "jax_ep_ll_dispatch",
-          "jax_ep_ll_combine",
+  return ("jax_ep_ht_dispatch", "jax_ep_ht_combine", "jax_ep_ll_dispatch", "jax_ep_ll_combine",
           "jax_ep_ll_dispatch_send",
           "jax_ep_ll_dispatch_recv", "jax_ep_ll_combine_send", "jax_ep_ll_combine_recv")
 

@@ -132,20 +132,6 @@ def test_high_throughput_gradients_lower_to_the_cuda_targets():
                              "jax_ep_ht_dispatch"], targets
 
 
-def test_layout_lowers_to_the_layout_kernel():
-  def fn(idx):
-    tokens_per_rank, tokens_per_expert, in_rank = jax_ep.get_dispatch_layout(idx, config=CONFIG)
-    return tokens_per_rank[None], tokens_per_expert[None], in_rank
-
-  calls = _custom_calls(_lower_for_cuda(fn, ((16, 4), jnp.int32)))
-  assert len(calls) == 1 and "@jax_ep_layout(" in calls[0], calls
-  assert "has_side_effect = true" not in calls[0]
-  assert _attr(calls[0], "num_experts") == "16 : i64"
-  assert _attr(calls[0], "num_ranks") == "2 : i64"
-  assert ("-> (tensor<8x4xi32>, tensor<i32>, tensor<2xi32>, tensor<16xi32>, tensor<8x2xi1>)"
-          in calls[0]), calls[0]
-
-
 def test_portable_payloads_stay_portable_on_cuda():
   """float32 rows have no kernel: the CUDA backend runs the portable path (jnp + all_to_all)."""
   def fn(x, idx, w):

@@ -58,8 +58,8 @@ def test_ht_dispatch_and_combine_match_oracle(shape):
 
 @pytest.mark.parametrize("shape", [(16, 4, 64, 48), (256, 8, 4096, 4096), (64, 32, 128, 100)])
 def test_get_dispatch_layout_matches_oracle(shape):
-  """The layout kernel against the oracle, bitwise: -1 entries, invalid values,
-  repeated experts within a token, fewer tokens than max_tokens_per_rank."""
+  """get_dispatch_layout on the GPU against the oracle, bitwise: -1 entries, invalid
+  values, repeated experts within a token, fewer tokens than max_tokens_per_rank."""
   e, k, t, t_local = shape
   config, mesh = _setup(e, k, t, 256)
   rng = np.random.default_rng(650 * rank() + e + k)
