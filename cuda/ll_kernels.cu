@@ -301,15 +301,22 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
   if (first_token < num_tokens) pieces = load_pieces<kFp8>(token_row(first_token), 0, d.hidden);
 
   // 1. Routing of all tokens: which (token, expert) pairs are sent, and counts.
+  //    The first kPrefetch entries per thread are loaded before the barrier.
+  constexpr int kPrefetch = 8;
+  const int num_entries = num_tokens * num_topk;
+  int prefetched[kPrefetch];
+#pragma unroll
+  for (int u = 0; u < kPrefetch; ++u) {
+    const int i = threadIdx.x + u * static_cast<int>(blockDim.x);
+    prefetched[u] = i < num_entries ? __ldg(topk_idx + i) : -1;
+  }
   for (int i = threadIdx.x; i < 2 * d.num_experts; i += blockDim.x) rows_per_expert[i] = 0;
   for (int r = threadIdx.x; r < d.num_ranks; r += blockDim.x) masked[r] = rank_masked(ctx, r);
   if (threadIdx.x == 0) s_invalid = 0;
   __syncthreads();
   int invalid = 0;
-  const int num_entries = num_tokens * num_topk;
-  for (int i = threadIdx.x; i < num_entries; i += blockDim.x) {
+  auto route_entry = [&](int i, int e) {
     const int t = i / num_topk, k = i - t * num_topk;
-    const int e = __ldg(topk_idx + i);
     invalid += (e < -1 || e >= d.num_experts) ? 1 : 0;
     bool keep = valid_expert(e, d.num_experts) && masked[e / d.experts_per_rank] == 0;
     if (keep) {
@@ -320,6 +327,14 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
       atomicAdd(rows_per_expert + e, 1);
       if (t < first_token) atomicAdd(rows_before + e, 1);
     }
+  };
+#pragma unroll
+  for (int u = 0; u < kPrefetch; ++u) {
+    const int i = threadIdx.x + u * static_cast<int>(blockDim.x);
+    if (i < num_entries) route_entry(i, prefetched[u]);
+  }
+  for (int i = threadIdx.x + kPrefetch * blockDim.x; i < num_entries; i += blockDim.x) {
+    route_entry(i, __ldg(topk_idx + i));
   }
   if (blockIdx.x == 0 && invalid != 0) atomicAdd(&s_invalid, invalid);
   __syncthreads();
@@ -528,11 +543,13 @@ __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t
                                                   const __nv_bfloat16* __restrict__ y,
                                                   const int32_t* __restrict__ recv_src,
                                                   const int32_t* __restrict__ count,
-                                                  int num_tokens) {
+                                                  int num_tokens, const int* s_masked) {
+  constexpr int kUnroll = 16;  // vectors per lane in flight
   const EpDims d = ctx.dims;
   char* recv_base = ctx.buffers.combine_recv[seq & 1];
   uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
+  const int num_vec = d.hidden / 8;
   const int rows_per_expert = d.num_ranks * d.max_tokens;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
@@ -540,22 +557,40 @@ __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t
 
   for (int le = blockIdx.x; le < d.experts_per_rank; le += gridDim.x) {
     const int e = d.rank * d.experts_per_rank + le;
+    const int32_t* expert_src = recv_src + static_cast<size_t>(le) * rows_per_expert;
+    auto row_of = [&](int i) {
+      return reinterpret_cast<const int4*>(
+          y + (static_cast<size_t>(le) * rows_per_expert + i) * d.hidden);
+    };
+    // The warp's first row: its data and its source are loaded together with
+    // count (in bounds whatever count says; a row past count is never stored).
+    int4 head[kUnroll];
+    int src = -1;
+    if (warp < rows_per_expert) {
+      warp_load_batch(head, row_of(warp), 0, num_vec, lane);
+      src = expert_src[warp];
+    }
     const int n = min(count[le], rows_per_expert);
     for (int i = warp; i < n; i += num_warps) {
-      const int src = recv_src[static_cast<size_t>(le) * rows_per_expert + i];
+      if (i != warp) {
+        src = expert_src[i];
+        warp_load_batch(head, row_of(i), 0, num_vec, lane);
+      }
       if (src < 0 || num_tokens <= 0) continue;
       const int s = src / num_tokens, t = src % num_tokens;
-      if (s >= d.num_ranks || rank_masked(ctx, s)) continue;
-      const int4* row = reinterpret_cast<const int4*>(
-          y + (static_cast<size_t>(le) * rows_per_expert + i) * d.hidden);
+      if (s >= d.num_ranks || s_masked[s] != 0) continue;
+      const int4* row = row_of(i);
       char* dst_local = recv_base + (static_cast<size_t>(e) * d.max_tokens + t) * row_bytes;
       auto* dst = static_cast<int4*>(transport::peer_ptr(dst_local, s));
       if (dst != nullptr) {
-        warp_copy<16>(dst, row, d.hidden / 8, lane);
+        for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
+          if (base > 0) warp_load_batch(head, row, base, num_vec, lane);
+          warp_store_batch(dst, head, base, num_vec, lane);
+        }
       } else {
         auto* stage = reinterpret_cast<int4*>(
             ctx.buffers.combine_stage + (static_cast<size_t>(le) * rows_per_expert + i) * row_bytes);
-        for (int v = lane; v < d.hidden / 8; v += kWarpSize) stage[v] = __ldg(row + v);
+        for (int v = lane; v < num_vec; v += kWarpSize) stage[v] = __ldg(row + v);
         __syncwarp();
         transport::put_warp(dst_local, stage, row_bytes, s, ctx.qp_handles, le);
         used_rdma = true;
@@ -564,7 +599,7 @@ __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t
     transport::complete_block_puts(__syncthreads_or(used_rdma), ctx.qp_handles);
     __syncthreads();  // every row of expert le is written (or its put issued)
     for (int r = threadIdx.x; r < d.num_ranks; r += blockDim.x) {
-      if (!rank_masked(ctx, r)) transport::set_flag(flags + e, make_flag(seq, 0), r, ctx.qp_handles, le);
+      if (s_masked[r] == 0) transport::set_flag(flags + e, make_flag(seq, 0), r, ctx.qp_handles, le);
     }
   }
 }
@@ -573,7 +608,9 @@ __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t
                                                   const int32_t* __restrict__ topk_idx,
                                                   const float* __restrict__ topk_weights,
                                                   int num_tokens,
-                                                  __nv_bfloat16* __restrict__ out) {
+                                                  __nv_bfloat16* __restrict__ out,
+                                                  const int* s_masked, int first_expert,
+                                                  float first_weight) {
   __shared__ int s_expert[kMaxTopk];
   __shared__ float s_weight[kMaxTopk];
   const EpDims d = ctx.dims;
@@ -586,15 +623,18 @@ __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t
     if (threadIdx.x < d.num_topk) {
       // Wait only for the experts this token uses (few pollers: polling every
       // flag from every block slows the peers' incoming NVLink writes).
-      const int e = topk_idx[t * d.num_topk + threadIdx.x];
-      bool valid = valid_expert(e, d.num_experts) && !rank_masked(ctx, e / d.experts_per_rank);
+      // The block's first token's routing was loaded at the kernel's start.
+      const bool first = t == static_cast<int>(blockIdx.x);
+      const int e = first ? first_expert : topk_idx[t * d.num_topk + threadIdx.x];
+      bool valid = valid_expert(e, d.num_experts) && s_masked[e / d.experts_per_rank] == 0;
       if (valid && ll_wait(ctx, flags + e, seq, kOpLlCombine, e / d.experts_per_rank,
                            e % d.experts_per_rank) == kFlagTimedOut &&
           rank_masked(ctx, e / d.experts_per_rank)) {
         valid = false;  // masked on this timeout: its experts contribute nothing
       }
       s_expert[threadIdx.x] = valid ? e : -1;
-      s_weight[threadIdx.x] = valid ? topk_weights[t * d.num_topk + threadIdx.x] : 0.0f;
+      s_weight[threadIdx.x] =
+          valid ? (first ? first_weight : topk_weights[t * d.num_topk + threadIdx.x]) : 0.0f;
     }
     __syncthreads();
     if (t == blockIdx.x) profile_waited(ctx, 3);
@@ -659,17 +699,29 @@ __global__ void __launch_bounds__(kThreads, 1)
                int num_tokens, uint32_t* __restrict__ ticket_out,
                const uint32_t* __restrict__ ticket_in, __nv_bfloat16* __restrict__ out) {
   constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
+  __shared__ int s_masked[kMaxRanks];
   DeviceCounters* counters = ctx.counters;
   const uint32_t seq =
       kSend ? ld_volatile_u32(&counters->ll_combine_seq) + 1 : ld_volatile_u32(ticket_in);
+  // Loaded now, used after the send part: the rank mask and the routing of
+  // the block's first token.
+  int first_expert = -1;
+  float first_weight = 0.0f;
+  if (kRecv && threadIdx.x < ctx.dims.num_topk && static_cast<int>(blockIdx.x) < num_tokens) {
+    first_expert = topk_idx[blockIdx.x * ctx.dims.num_topk + threadIdx.x];
+    first_weight = topk_weights[blockIdx.x * ctx.dims.num_topk + threadIdx.x];
+  }
+  for (int r = threadIdx.x; r < ctx.dims.num_ranks; r += blockDim.x) s_masked[r] = rank_masked(ctx, r);
+  __syncthreads();
   if constexpr (kSend) {
     profile_start(ctx, 2);
-    combine_send_part(ctx, seq, y, recv_src, count, num_tokens);
+    combine_send_part(ctx, seq, y, recv_src, count, num_tokens, s_masked);
     if constexpr (kRecv) profile_end_block0(ctx, 2);
   }
   if constexpr (kRecv) {
     profile_start(ctx, 3);
-    combine_recv_part(ctx, seq, topk_idx, topk_weights, num_tokens, out);
+    combine_recv_part(ctx, seq, topk_idx, topk_weights, num_tokens, out, s_masked, first_expert,
+                      first_weight);
   }
   if (arrive_is_last_block_gpu(kSend ? &counters->ll_combine_send_done
                                      : &counters->ll_combine_recv_done) &&
