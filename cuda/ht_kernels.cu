@@ -5,7 +5,8 @@
 //
 // dispatch = two kernels launched back to back by one custom call:
 //   ht_notify (1 block): counts this rank's tokens per destination rank
-//     (a token counts once per rank), writes that row into every rank's
+//     (a token counts once per rank; every token's rank mask is built once in
+//     shared memory from coalesced loads), writes that row into every rank's
 //     counts[me][*] and then sets notify_flags[me] there (st.release.sys).
 //     It waits for every source's notify flag, reads the R x R matrix and
 //     decides the layout: on receiver r, source s's rows start at
@@ -166,10 +167,23 @@ __device__ __forceinline__ uint32_t token_ranks(const int32_t* topk, int num_top
   return mask;
 }
 
+// Rank bit of one top-k entry (0 for -1); counts entries outside [-1, E).
+__device__ __forceinline__ uint32_t entry_rank_bit(int e, int num_experts, int experts_per_rank,
+                                                   int* invalid) {
+  if (e >= 0 && e < num_experts) return 1u << (e / experts_per_rank);
+  if (e != -1) ++*invalid;
+  return 0u;
+}
+
+// Dynamic shared memory of ht_notify: one rank mask per token, up to this size
+// (beyond it the masks are recomputed from global memory, the slow path).
+constexpr size_t kNotifyMaxSmem = 200 * 1024;
+
 __global__ void __launch_bounds__(kNotifyThreads, 1)
     ht_notify(HtContext ctx, const int32_t* __restrict__ topk_idx, int num_tokens, int capacity,
               int32_t* __restrict__ out_send_row, int32_t* __restrict__ out_num_invalid,
-              int32_t* __restrict__ out_tokens_per_expert) {
+              int32_t* __restrict__ out_tokens_per_expert, bool masks_in_smem) {
+  extern __shared__ uint32_t s_token_ranks[];  // [num_tokens] when masks_in_smem
   __shared__ int s_warp[kWarpSize][kHtMaxRanks];  // scan scratch
   __shared__ int s_total[kHtMaxRanks];
   __shared__ int s_matrix[kHtMaxRanks][kHtMaxRanks];
@@ -187,11 +201,55 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
   const int t1 = min(num_tokens, t0 + per_thread);
   if (threadIdx.x == 0) s_invalid = 0;
   for (int e = threadIdx.x; e < d.experts_per_rank; e += blockDim.x) out_tokens_per_expert[e] = 0;
-  int running[kHtMaxRanks] = {0, 0, 0, 0, 0, 0, 0, 0};
   int invalid = 0;
+  if (masks_in_smem) {
+    // Every token's rank mask, from coalesced loads all in flight at once
+    // (the per-token loop below would wait for one load at a time).
+    for (int t = threadIdx.x; t < num_tokens; t += blockDim.x) s_token_ranks[t] = 0u;
+    __syncthreads();
+    const int num_entries = num_tokens * d.num_topk;
+    if (d.num_topk % 4 == 0 && reinterpret_cast<uintptr_t>(topk_idx) % 16 == 0) {
+      // Four entries of one token per 16-byte load.
+      constexpr int kBatch = 8;
+      const int4* entries = reinterpret_cast<const int4*>(topk_idx);
+      const int num_vec = num_entries / 4;
+      for (int base = threadIdx.x; base < num_vec; base += kBatch * blockDim.x) {
+        int4 four[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int v = base + u * static_cast<int>(blockDim.x);
+          four[u] = v < num_vec ? __ldg(entries + v) : make_int4(-1, -1, -1, -1);
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int v = base + u * static_cast<int>(blockDim.x);
+          const uint32_t mask =
+              entry_rank_bit(four[u].x, d.num_experts, d.experts_per_rank, &invalid) |
+              entry_rank_bit(four[u].y, d.num_experts, d.experts_per_rank, &invalid) |
+              entry_rank_bit(four[u].z, d.num_experts, d.experts_per_rank, &invalid) |
+              entry_rank_bit(four[u].w, d.num_experts, d.experts_per_rank, &invalid);
+          if (mask != 0u) atomicOr(s_token_ranks + (4 * v) / d.num_topk, mask);
+        }
+      }
+    } else {
+#pragma unroll 8
+      for (int i = threadIdx.x; i < num_entries; i += blockDim.x) {
+        const uint32_t bit = entry_rank_bit(__ldg(topk_idx + i), d.num_experts,
+                                            d.experts_per_rank, &invalid);
+        if (bit != 0u) atomicOr(s_token_ranks + i / d.num_topk, bit);
+      }
+    }
+    __syncthreads();
+  }
+  // Ranks of token t (the slow path counts invalid entries here instead).
+  auto ranks_of = [&](int t, int* invalid_count) {
+    return masks_in_smem ? s_token_ranks[t]
+                         : token_ranks(topk_idx + t * d.num_topk, d.num_topk, d.num_experts,
+                                       d.experts_per_rank, invalid_count);
+  };
+  int running[kHtMaxRanks] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int t = t0; t < t1; ++t) {
-    const uint32_t mask = token_ranks(topk_idx + t * d.num_topk, d.num_topk, d.num_experts,
-                                      d.experts_per_rank, &invalid);
+    const uint32_t mask = ranks_of(t, &invalid);
 #pragma unroll
     for (int r = 0; r < kHtMaxRanks; ++r) running[r] += (mask >> r) & 1u;
   }
@@ -243,8 +301,7 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
   __syncthreads();
   for (int t = t0; t < t1; ++t) {
     int dummy = 0;
-    const uint32_t mask = token_ranks(topk_idx + t * d.num_topk, d.num_topk, d.num_experts,
-                                      d.experts_per_rank, &dummy);
+    const uint32_t mask = ranks_of(t, &dummy);
     for (int r = 0; r < R; ++r) {
       int row = -1;
       if ((mask >> r) & 1u) {
@@ -590,9 +647,11 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
       ctx.dims.num_topk > kWarpSize) {
     return cudaErrorInvalidValue;
   }
-  ht_notify<<<1, kNotifyThreads, 0, stream>>>(ctx, args.topk_idx, args.num_tokens, args.capacity,
-                                              args.out_send_row, args.out_num_invalid,
-                                              args.out_tokens_per_expert);
+  const size_t mask_bytes = sizeof(uint32_t) * static_cast<size_t>(args.num_tokens);
+  const bool masks_in_smem = mask_bytes <= kNotifyMaxSmem;
+  ht_notify<<<1, kNotifyThreads, masks_in_smem ? mask_bytes : 0, stream>>>(
+      ctx, args.topk_idx, args.num_tokens, args.capacity, args.out_send_row,
+      args.out_num_invalid, args.out_tokens_per_expert, masks_in_smem);
   // One SM budget for both roles: about a third of the blocks receive.
   const int grid = std::max(1, ctx.num_sms);
   // ctx.recv_divisor (3; JAX_EP_HT_RECV_DIVISOR, an experiment) sets the
@@ -624,7 +683,9 @@ cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cud
 
 cudaError_t PrepareHtKernels() {
   cudaFuncAttributes attrs;
-  cudaError_t err = cudaFuncGetAttributes(&attrs, ht_notify);
+  cudaError_t err = cudaFuncSetAttribute(ht_notify, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kNotifyMaxSmem));
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_notify);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true, 8>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false, 8>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true, 16>);
