@@ -5,7 +5,8 @@
 //
 // dispatch = two kernels launched back to back by one custom call:
 //   ht_notify (1 block): counts this rank's tokens per destination rank
-//     (a token counts once per rank), writes that row into every rank's
+//     (a token counts once per rank; every token's rank mask is built once in
+//     shared memory from coalesced loads), writes that row into every rank's
 //     counts[me][*] and then sets notify_flags[me] there (st.release.sys).
 //     It waits for every source's notify flag, reads the R x R matrix and
 //     decides the layout: on receiver r, source s's rows start at
@@ -166,10 +167,23 @@ __device__ __forceinline__ uint32_t token_ranks(const int32_t* topk, int num_top
   return mask;
 }
 
+// Rank bit of one top-k entry (0 for -1); counts entries outside [-1, E).
+__device__ __forceinline__ uint32_t entry_rank_bit(int e, int num_experts, int experts_per_rank,
+                                                   int* invalid) {
+  if (e >= 0 && e < num_experts) return 1u << (e / experts_per_rank);
+  if (e != -1) ++*invalid;
+  return 0u;
+}
+
+// Dynamic shared memory of ht_notify: one rank mask per token, up to this size
+// (beyond it the masks are recomputed from global memory, the slow path).
+constexpr size_t kNotifyMaxSmem = 200 * 1024;
+
 __global__ void __launch_bounds__(kNotifyThreads, 1)
     ht_notify(HtContext ctx, const int32_t* __restrict__ topk_idx, int num_tokens, int capacity,
               int32_t* __restrict__ out_send_row, int32_t* __restrict__ out_num_invalid,
-              int32_t* __restrict__ out_tokens_per_expert) {
+              int32_t* __restrict__ out_tokens_per_expert, bool masks_in_smem) {
+  extern __shared__ uint32_t s_token_ranks[];  // [num_tokens] when masks_in_smem
   __shared__ int s_warp[kWarpSize][kHtMaxRanks];  // scan scratch
   __shared__ int s_total[kHtMaxRanks];
   __shared__ int s_matrix[kHtMaxRanks][kHtMaxRanks];
@@ -187,11 +201,55 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
   const int t1 = min(num_tokens, t0 + per_thread);
   if (threadIdx.x == 0) s_invalid = 0;
   for (int e = threadIdx.x; e < d.experts_per_rank; e += blockDim.x) out_tokens_per_expert[e] = 0;
-  int running[kHtMaxRanks] = {0, 0, 0, 0, 0, 0, 0, 0};
   int invalid = 0;
+  if (masks_in_smem) {
+    // Every token's rank mask, from coalesced loads all in flight at once
+    // (the per-token loop below would wait for one load at a time).
+    for (int t = threadIdx.x; t < num_tokens; t += blockDim.x) s_token_ranks[t] = 0u;
+    __syncthreads();
+    const int num_entries = num_tokens * d.num_topk;
+    if (d.num_topk % 4 == 0 && reinterpret_cast<uintptr_t>(topk_idx) % 16 == 0) {
+      // Four entries of one token per 16-byte load.
+      constexpr int kBatch = 8;
+      const int4* entries = reinterpret_cast<const int4*>(topk_idx);
+      const int num_vec = num_entries / 4;
+      for (int base = threadIdx.x; base < num_vec; base += kBatch * blockDim.x) {
+        int4 four[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int v = base + u * static_cast<int>(blockDim.x);
+          four[u] = v < num_vec ? __ldg(entries + v) : make_int4(-1, -1, -1, -1);
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int v = base + u * static_cast<int>(blockDim.x);
+          const uint32_t mask =
+              entry_rank_bit(four[u].x, d.num_experts, d.experts_per_rank, &invalid) |
+              entry_rank_bit(four[u].y, d.num_experts, d.experts_per_rank, &invalid) |
+              entry_rank_bit(four[u].z, d.num_experts, d.experts_per_rank, &invalid) |
+              entry_rank_bit(four[u].w, d.num_experts, d.experts_per_rank, &invalid);
+          if (mask != 0u) atomicOr(s_token_ranks + (4 * v) / d.num_topk, mask);
+        }
+      }
+    } else {
+#pragma unroll 8
+      for (int i = threadIdx.x; i < num_entries; i += blockDim.x) {
+        const uint32_t bit = entry_rank_bit(__ldg(topk_idx + i), d.num_experts,
+                                            d.experts_per_rank, &invalid);
+        if (bit != 0u) atomicOr(s_token_ranks + i / d.num_topk, bit);
+      }
+    }
+    __syncthreads();
+  }
+  // Ranks of token t (the slow path counts invalid entries here instead).
+  auto ranks_of = [&](int t, int* invalid_count) {
+    return masks_in_smem ? s_token_ranks[t]
+                         : token_ranks(topk_idx + t * d.num_topk, d.num_topk, d.num_experts,
+                                       d.experts_per_rank, invalid_count);
+  };
+  int running[kHtMaxRanks] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int t = t0; t < t1; ++t) {
-    const uint32_t mask = token_ranks(topk_idx + t * d.num_topk, d.num_topk, d.num_experts,
-                                      d.experts_per_rank, &invalid);
+    const uint32_t mask = ranks_of(t, &invalid);
 #pragma unroll
     for (int r = 0; r < kHtMaxRanks; ++r) running[r] += (mask >> r) & 1u;
   }
@@ -243,8 +301,7 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
   __syncthreads();
   for (int t = t0; t < t1; ++t) {
     int dummy = 0;
-    const uint32_t mask = token_ranks(topk_idx + t * d.num_topk, d.num_topk, d.num_experts,
-                                      d.experts_per_rank, &dummy);
+    const uint32_t mask = ranks_of(t, &dummy);
     for (int r = 0; r < R; ++r) {
       int row = -1;
       if ((mask >> r) & 1u) {
@@ -507,6 +564,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// The rows a lane loads for token t's sum: each rank's copy (r == me: y, else
+// combine_recv), or null when that rank holds none.
+__device__ __forceinline__ const int4* combine_source(const HtContext& ctx,
+                                                      const HtCombineArgs& args,
+                                                      const char* recv_base, int row, int r,
+                                                      int t, int valid, size_t row_bytes) {
+  if (row < 0) return nullptr;
+  if (r == ctx.dims.rank) {
+    if (row >= valid) return nullptr;
+    return reinterpret_cast<const int4*>(static_cast<const char*>(args.y) +
+                                         static_cast<size_t>(row) * row_bytes);
+  }
+  return reinterpret_cast<const int4*>(
+      recv_base + (static_cast<size_t>(r) * ctx.dims.max_tokens + t) * row_bytes);
+}
+
+// kTwoSources (R <= 2): both ranks' loads are in flight together and summed
+// without an accumulator array, which leaves registers for twice the bytes in
+// flight per SM (the sum is bound by load latency, by Little's law: about
+// 64 KB in flight per SM gave 1.5 TB/s at 24 SMs). Sums run in rank order from
+// 0.0f either way, so both paths give the same bits.
+template <bool kTwoSources>
 __global__ void __launch_bounds__(kThreads, 1)
     ht_combine_recv(HtContext ctx, HtCombineArgs args) {
   const EpDims d = ctx.dims;
@@ -528,49 +607,74 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int valid = min(*args.num_tokens, args.capacity);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   // One warp per token; kBatch independent 16-byte loads per lane and source
-  // in flight (the sum is latency-bound otherwise).
+  // in flight.
   constexpr int kBatch = 8;
   for (int t = blockIdx.x * kWarps + warp; t < args.num_local_tokens; t += gridDim.x * kWarps) {
     const int my_row = lane < R ? args.send_row[t * R + lane] : -1;
-    for (int base = 0; base < num_vec; base += kBatch * kWarpSize) {
-      float acc[kBatch][8];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[u][j] = 0.0f;
-      }
-      for (int r = 0; r < R; ++r) {
-        const int row = __shfl_sync(0xffffffffu, my_row, r);
-        if (row < 0) continue;
-        const int4* src;
-        if (r == d.rank) {
-          if (row >= valid) continue;
-          src = reinterpret_cast<const int4*>(static_cast<const char*>(args.y) +
-                                              static_cast<size_t>(row) * row_bytes);
-        } else {
-          src = reinterpret_cast<const int4*>(
-              recv_base + (static_cast<size_t>(r) * d.max_tokens + t) * row_bytes);
-        }
-        int4 raw[kBatch];
-        warp_load_batch(raw, src, base, num_vec, lane);
+    int4* out_row = reinterpret_cast<int4*>(static_cast<char*>(args.out) +
+                                            static_cast<size_t>(t) * row_bytes);
+    if constexpr (kTwoSources) {
+      const int4* src0 = combine_source(ctx, args, recv_base, __shfl_sync(0xffffffffu, my_row, 0),
+                                        0, t, valid, row_bytes);
+      const int4* src1 =
+          R > 1 ? combine_source(ctx, args, recv_base, __shfl_sync(0xffffffffu, my_row, 1), 1, t,
+                                 valid, row_bytes)
+                : nullptr;
+      for (int base = 0; base < num_vec; base += kBatch * kWarpSize) {
+        int4 raw0[kBatch], raw1[kBatch];
+        if (src0 != nullptr) warp_load_batch(raw0, src0, base, num_vec, lane);
+        if (src1 != nullptr) warp_load_batch(raw1, src1, base, num_vec, lane);
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-          const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[u]);
+          const int v = base + u * kWarpSize + lane;
+          if (v >= num_vec) continue;
+          const __nv_bfloat16* vals0 = reinterpret_cast<const __nv_bfloat16*>(&raw0[u]);
+          const __nv_bfloat16* vals1 = reinterpret_cast<const __nv_bfloat16*>(&raw1[u]);
+          int4 packed;
+          __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) acc[u][j] += __bfloat162float(vals[j]);
+          for (int j = 0; j < 8; ++j) {
+            float sum = 0.0f;
+            if (src0 != nullptr) sum += __bfloat162float(vals0[j]);
+            if (src1 != nullptr) sum += __bfloat162float(vals1[j]);
+            outv[j] = __float2bfloat16_rn(sum);
+          }
+          out_row[v] = packed;
         }
       }
-      int4* out_row = reinterpret_cast<int4*>(static_cast<char*>(args.out) +
-                                              static_cast<size_t>(t) * row_bytes);
+      continue;
+    } else {
+      for (int base = 0; base < num_vec; base += kBatch * kWarpSize) {
+        float acc[kBatch][8];
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int v = base + u * kWarpSize + lane;
-        if (v >= num_vec) continue;
-        int4 packed;
-        __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
+        for (int u = 0; u < kBatch; ++u) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) outv[j] = __float2bfloat16_rn(acc[u][j]);
-        out_row[v] = packed;
+          for (int j = 0; j < 8; ++j) acc[u][j] = 0.0f;
+        }
+        for (int r = 0; r < R; ++r) {
+          const int4* src = combine_source(ctx, args, recv_base,
+                                           __shfl_sync(0xffffffffu, my_row, r), r, t, valid,
+                                           row_bytes);
+          if (src == nullptr) continue;
+          int4 raw[kBatch];
+          warp_load_batch(raw, src, base, num_vec, lane);
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u) {
+            const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[u]);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[u][j] += __bfloat162float(vals[j]);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int v = base + u * kWarpSize + lane;
+          if (v >= num_vec) continue;
+          int4 packed;
+          __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) outv[j] = __float2bfloat16_rn(acc[u][j]);
+          out_row[v] = packed;
+        }
       }
     }
   }
@@ -590,9 +694,11 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
       ctx.dims.num_topk > kWarpSize) {
     return cudaErrorInvalidValue;
   }
-  ht_notify<<<1, kNotifyThreads, 0, stream>>>(ctx, args.topk_idx, args.num_tokens, args.capacity,
-                                              args.out_send_row, args.out_num_invalid,
-                                              args.out_tokens_per_expert);
+  const size_t mask_bytes = sizeof(uint32_t) * static_cast<size_t>(args.num_tokens);
+  const bool masks_in_smem = mask_bytes <= kNotifyMaxSmem;
+  ht_notify<<<1, kNotifyThreads, masks_in_smem ? mask_bytes : 0, stream>>>(
+      ctx, args.topk_idx, args.num_tokens, args.capacity, args.out_send_row,
+      args.out_num_invalid, args.out_tokens_per_expert, masks_in_smem);
   // One SM budget for both roles: about a third of the blocks receive.
   const int grid = std::max(1, ctx.num_sms);
   // ctx.recv_divisor (3; JAX_EP_HT_RECV_DIVISOR, an experiment) sets the
@@ -618,19 +724,26 @@ cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cud
   if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.hidden % 8 != 0) return cudaErrorInvalidValue;
   const int grid = std::max(1, ctx.num_sms);
   ht_combine_send<<<grid, kThreads, 0, stream>>>(ctx, args);
-  ht_combine_recv<<<grid, kThreads, 0, stream>>>(ctx, args);
+  if (ctx.dims.num_ranks <= 2) {
+    ht_combine_recv<true><<<grid, kThreads, 0, stream>>>(ctx, args);
+  } else {
+    ht_combine_recv<false><<<grid, kThreads, 0, stream>>>(ctx, args);
+  }
   return cudaGetLastError();
 }
 
 cudaError_t PrepareHtKernels() {
   cudaFuncAttributes attrs;
-  cudaError_t err = cudaFuncGetAttributes(&attrs, ht_notify);
+  cudaError_t err = cudaFuncSetAttribute(ht_notify, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kNotifyMaxSmem));
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_notify);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true, 8>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false, 8>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true, 16>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false, 16>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_send);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv<true>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv<false>);
   return err;
 }
 
