@@ -38,6 +38,18 @@ __device__ __forceinline__ void red_add_release_sys(uint32_t* ptr, uint32_t valu
   asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(ptr), "r"(value) : "memory");
 }
 
+// Atomic add at GPU scope with acquire-release semantics; returns the old value.
+// The "last arriver" of a counter acquires every earlier arriver's writes
+// (and, through their barriers, their blocks' writes) before it publishes them.
+__device__ __forceinline__ uint32_t atom_add_acq_rel_gpu(uint32_t* ptr, uint32_t value) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
+               : "=r"(old)
+               : "l"(ptr), "r"(value)
+               : "memory");
+  return old;
+}
+
 __device__ __forceinline__ void st_release_sys(uint64_t* ptr, uint64_t value) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ptr), "l"(value) : "memory");
 }
@@ -58,6 +70,18 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 __device__ __forceinline__ int4 ld_nc_v4(const int4* ptr) {
   int4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
+// 16-byte coherent (weak) global load that does not allocate in L1: for data
+// written during the same kernel by other blocks or peers, read after the
+// flag that published it was acquired (ld.global.nc is only defined for data
+// that is read-only for the whole kernel).
+__device__ __forceinline__ int4 ld_v4_no_alloc(const int4* ptr) {
+  int4 v;
+  asm volatile("ld.global.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(ptr));
   return v;
@@ -102,6 +126,22 @@ __device__ __forceinline__ void warp_copy(int4* dst, const int4* src, int num_ve
   for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
     int4 batch[kUnroll];
     warp_load_batch(batch, src, base, num_vec, lane);
+    warp_store_batch(dst, batch, base, num_vec, lane);
+  }
+}
+
+// warp_copy for a source written during this kernel (by peers or other
+// blocks) and published by an acquired flag: coherent loads (ld_v4_no_alloc).
+template <int kUnroll = 8>
+__device__ __forceinline__ void warp_copy_acquired(int4* dst, const int4* src, int num_vec,
+                                                   int lane) {
+  for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
+    int4 batch[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int v = base + u * kWarpSize + lane;
+      if (v < num_vec) batch[u] = ld_v4_no_alloc(src + v);
+    }
     warp_store_batch(dst, batch, base, num_vec, lane);
   }
 }
@@ -212,6 +252,20 @@ __device__ __forceinline__ bool arrive_is_last_block(uint32_t* done_counter) {
   }
   __syncthreads();
   if (is_last) __threadfence_system();
+  return is_last;
+}
+
+// Like arrive_is_last_block, for epilogues that only do device bookkeeping
+// (sequence numbers, tickets) read by later kernels: no system-scope fences,
+// one GPU-scope acquire-release atomic per block.
+__device__ __forceinline__ bool arrive_is_last_block_gpu(uint32_t* done_counter) {
+  __shared__ bool is_last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    is_last = atom_add_acq_rel_gpu(done_counter, 1u) == gridDim.x - 1;
+    if (is_last) *done_counter = 0u;  // ready for the next launch
+  }
+  __syncthreads();
   return is_last;
 }
 

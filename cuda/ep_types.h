@@ -59,13 +59,20 @@ struct DeviceCounters {
 // Optional in-kernel timing (JAX_EP_PROFILE=1 at initialisation), per LL
 // kernel k (0 dispatch send, 1 dispatch recv, 2 combine send, 3 combine recv),
 // from %globaltimer: block 0 stamps the start, the last block adds the duration.
+// In-kernel profile (JAX_EP_PROFILE=1), accumulated over calls. Slots 0-3:
+// the LL kernels (ll_dispatch_send, ll_dispatch_recv, ll_combine_send,
+// ll_combine_recv); 4-8: the HT ones (ht_notify, ht_dispatch's send role,
+// its receive role, ht_combine_send, ht_combine_recv).
+constexpr int kProfileSlots = 9;
 struct DeviceProfile {
-  uint64_t start[4];
-  uint64_t end[4];
-  uint64_t total_ns[4];     // sum of (end - start)
-  uint64_t wait_ns[4];      // recv kernels: block 0's time until its flags arrived
-  uint64_t gap_ns[4];       // recv kernels: start - the matching send's end
-  uint64_t calls[4];
+  uint64_t start[kProfileSlots];
+  uint64_t end[kProfileSlots];
+  uint64_t total_ns[kProfileSlots];  // sum of (end - start)
+  uint64_t wait_ns[kProfileSlots];   // time until the peers' data had arrived (see blocks)
+  uint64_t gap_ns[kProfileSlots];    // LL recv kernels: start - the matching send's end
+  uint64_t calls[kProfileSlots];
+  uint64_t role_end[kProfileSlots];  // HT: latest end of the role's blocks in this call
+  uint64_t blocks[kProfileSlots];    // HT: blocks that added to wait_ns (0: one per call)
 };
 
 // Sizes of one configuration on this EP group.

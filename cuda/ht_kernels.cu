@@ -5,7 +5,8 @@
 //
 // dispatch = two kernels launched back to back by one custom call:
 //   ht_notify (1 block): counts this rank's tokens per destination rank
-//     (a token counts once per rank), writes that row into every rank's
+//     (a token counts once per rank; every token's rank mask is built once in
+//     shared memory from coalesced loads), writes that row into every rank's
 //     counts[me][*] and then sets notify_flags[me] there (st.release.sys).
 //     It waits for every source's notify flag, reads the R x R matrix and
 //     decides the layout: on receiver r, source s's rows start at
@@ -67,6 +68,42 @@ namespace {
 constexpr int kNotifyThreads = 1024;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarpSize;
+
+// Profiling hooks (JAX_EP_PROFILE=1; no-ops when ctx.profile is null). Slots:
+// ep_types.h DeviceProfile. A role's time runs from block 0's start to the
+// latest end among the role's blocks; the last block of the call closes it.
+constexpr int kProfNotify = 4, kProfDispatchSend = 5, kProfDispatchRecv = 6,
+              kProfCombineSend = 7, kProfCombineRecv = 8;
+
+__device__ __forceinline__ void ht_profile_start(const HtContext& ctx, int k) {
+  if (ctx.profile != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    ctx.profile->start[k] = global_timer_ns();
+  }
+}
+// Thread 0 of each block of the role, once the block's part is done.
+__device__ __forceinline__ void ht_profile_role_end(const HtContext& ctx, int k) {
+  if (ctx.profile != nullptr && threadIdx.x == 0) {
+    atomicMax(reinterpret_cast<unsigned long long*>(&ctx.profile->role_end[k]),
+              static_cast<unsigned long long>(global_timer_ns()));
+  }
+}
+// Thread 0 of a block: `ns` this block spent waiting for peers.
+__device__ __forceinline__ void ht_profile_wait(const HtContext& ctx, int k, uint64_t ns) {
+  if (ctx.profile != nullptr && threadIdx.x == 0) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(&ctx.profile->wait_ns[k]),
+              static_cast<unsigned long long>(ns));
+    atomicAdd(reinterpret_cast<unsigned long long*>(&ctx.profile->blocks[k]), 1ull);
+  }
+}
+// One thread of the call's last block, after every block's role_end.
+__device__ __forceinline__ void ht_profile_close(const HtContext& ctx, int k) {
+  if (ctx.profile != nullptr) {
+    DeviceProfile* p = ctx.profile;
+    if (p->role_end[k] > p->start[k]) p->total_ns[k] += p->role_end[k] - p->start[k];
+    p->role_end[k] = 0;
+    p->calls[k] += 1;
+  }
+}
 
 // Scales rows are whole float32 words.
 __device__ __forceinline__ void warp_copy_words(void* dst, const void* src, size_t bytes,
@@ -130,10 +167,23 @@ __device__ __forceinline__ uint32_t token_ranks(const int32_t* topk, int num_top
   return mask;
 }
 
+// Rank bit of one top-k entry (0 for -1); counts entries outside [-1, E).
+__device__ __forceinline__ uint32_t entry_rank_bit(int e, int num_experts, int experts_per_rank,
+                                                   int* invalid) {
+  if (e >= 0 && e < num_experts) return 1u << (e / experts_per_rank);
+  if (e != -1) ++*invalid;
+  return 0u;
+}
+
+// Dynamic shared memory of ht_notify: one rank mask per token, up to this size
+// (beyond it the masks are recomputed from global memory, the slow path).
+constexpr size_t kNotifyMaxSmem = 200 * 1024;
+
 __global__ void __launch_bounds__(kNotifyThreads, 1)
     ht_notify(HtContext ctx, const int32_t* __restrict__ topk_idx, int num_tokens, int capacity,
               int32_t* __restrict__ out_send_row, int32_t* __restrict__ out_num_invalid,
-              int32_t* __restrict__ out_tokens_per_expert) {
+              int32_t* __restrict__ out_tokens_per_expert, bool masks_in_smem) {
+  extern __shared__ uint32_t s_token_ranks[];  // [num_tokens] when masks_in_smem
   __shared__ int s_warp[kWarpSize][kHtMaxRanks];  // scan scratch
   __shared__ int s_total[kHtMaxRanks];
   __shared__ int s_matrix[kHtMaxRanks][kHtMaxRanks];
@@ -141,6 +191,7 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_dispatch_seq) + 1;
+  ht_profile_start(ctx, kProfNotify);
   // Parity buffers (see "Buffer reuse" above).
   int32_t* counts = ctx.buffers.counts + (seq & 1) * R * R;
   uint64_t* notify_flags = ctx.buffers.notify_flags + (seq & 1) * R;
@@ -150,11 +201,55 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
   const int t1 = min(num_tokens, t0 + per_thread);
   if (threadIdx.x == 0) s_invalid = 0;
   for (int e = threadIdx.x; e < d.experts_per_rank; e += blockDim.x) out_tokens_per_expert[e] = 0;
-  int running[kHtMaxRanks] = {0, 0, 0, 0, 0, 0, 0, 0};
   int invalid = 0;
+  if (masks_in_smem) {
+    // Every token's rank mask, from coalesced loads all in flight at once
+    // (the per-token loop below would wait for one load at a time).
+    for (int t = threadIdx.x; t < num_tokens; t += blockDim.x) s_token_ranks[t] = 0u;
+    __syncthreads();
+    const int num_entries = num_tokens * d.num_topk;
+    if (d.num_topk % 4 == 0 && reinterpret_cast<uintptr_t>(topk_idx) % 16 == 0) {
+      // Four entries of one token per 16-byte load.
+      constexpr int kBatch = 8;
+      const int4* entries = reinterpret_cast<const int4*>(topk_idx);
+      const int num_vec = num_entries / 4;
+      for (int base = threadIdx.x; base < num_vec; base += kBatch * blockDim.x) {
+        int4 four[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int v = base + u * static_cast<int>(blockDim.x);
+          four[u] = v < num_vec ? __ldg(entries + v) : make_int4(-1, -1, -1, -1);
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int v = base + u * static_cast<int>(blockDim.x);
+          const uint32_t mask =
+              entry_rank_bit(four[u].x, d.num_experts, d.experts_per_rank, &invalid) |
+              entry_rank_bit(four[u].y, d.num_experts, d.experts_per_rank, &invalid) |
+              entry_rank_bit(four[u].z, d.num_experts, d.experts_per_rank, &invalid) |
+              entry_rank_bit(four[u].w, d.num_experts, d.experts_per_rank, &invalid);
+          if (mask != 0u) atomicOr(s_token_ranks + (4 * v) / d.num_topk, mask);
+        }
+      }
+    } else {
+#pragma unroll 8
+      for (int i = threadIdx.x; i < num_entries; i += blockDim.x) {
+        const uint32_t bit = entry_rank_bit(__ldg(topk_idx + i), d.num_experts,
+                                            d.experts_per_rank, &invalid);
+        if (bit != 0u) atomicOr(s_token_ranks + i / d.num_topk, bit);
+      }
+    }
+    __syncthreads();
+  }
+  // Ranks of token t (the slow path counts invalid entries here instead).
+  auto ranks_of = [&](int t, int* invalid_count) {
+    return masks_in_smem ? s_token_ranks[t]
+                         : token_ranks(topk_idx + t * d.num_topk, d.num_topk, d.num_experts,
+                                       d.experts_per_rank, invalid_count);
+  };
+  int running[kHtMaxRanks] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int t = t0; t < t1; ++t) {
-    const uint32_t mask = token_ranks(topk_idx + t * d.num_topk, d.num_topk, d.num_experts,
-                                      d.experts_per_rank, &invalid);
+    const uint32_t mask = ranks_of(t, &invalid);
 #pragma unroll
     for (int r = 0; r < kHtMaxRanks; ++r) running[r] += (mask >> r) & 1u;
   }
@@ -183,6 +278,9 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
     }
   }
   __syncthreads();
+  if (ctx.profile != nullptr && threadIdx.x == 0) {
+    ht_profile_wait(ctx, kProfNotify, global_timer_ns() - ctx.profile->start[kProfNotify]);
+  }
   if (threadIdx.x == 0) {
     HtPlan* plan = ctx.plan;
     int prefix = 0;
@@ -203,8 +301,7 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
   __syncthreads();
   for (int t = t0; t < t1; ++t) {
     int dummy = 0;
-    const uint32_t mask = token_ranks(topk_idx + t * d.num_topk, d.num_topk, d.num_experts,
-                                      d.experts_per_rank, &dummy);
+    const uint32_t mask = ranks_of(t, &dummy);
     for (int r = 0; r < R; ++r) {
       int row = -1;
       if ((mask >> r) & 1u) {
@@ -214,6 +311,9 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
       out_send_row[t * R + r] = row;
     }
   }
+  __syncthreads();
+  ht_profile_role_end(ctx, kProfNotify);
+  if (threadIdx.x == 0) ht_profile_close(ctx, kProfNotify);
 }
 
 // Counts each local expert of a row once (first occurrence among the lanes
@@ -227,7 +327,7 @@ __device__ __forceinline__ void count_row_experts(int local, int num_topk, int* 
   if (first && local < 1024) atomicAdd(&s_tpe[local], 1);
 }
 
-template <bool kHasScales>
+template <bool kHasScales, int kUnroll>
 __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const HtDispatchArgs& args,
                                                    int send_block, int num_send_blocks,
                                                    int* s_tpe, const int* s_row_offset) {
@@ -240,7 +340,6 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   const HtBuffers& b = ctx.buffers;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_vec = static_cast<int>(args.row_bytes / 16);
-  constexpr int kUnroll = 8;
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
     const bool self = r == d.rank;
@@ -305,10 +404,12 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   }
 }
 
+// Returns the time thread 0 spent waiting for chunks (profiling only; else 0).
 template <bool kHasScales>
-__device__ __forceinline__ void dispatch_recv_role(const HtContext& ctx, const HtDispatchArgs& args,
+__device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx, const HtDispatchArgs& args,
                                                    int recv_block, int num_recv_blocks,
                                                    int* s_tpe, const int* s_prefix, int kept) {
+  uint64_t waited_ns = 0;
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const HtBuffers& b = ctx.buffers;
@@ -328,12 +429,14 @@ __device__ __forceinline__ void dispatch_recv_role(const HtContext& ctx, const H
     const int first = s_prefix[s] + c * kHtChunkRows;
     const int last = min(min(s_prefix[s + 1], kept), first + kHtChunkRows);
     if (threadIdx.x == 0) {
+      const uint64_t wait_start = ctx.profile != nullptr ? global_timer_ns() : 0;
       uint32_t* counter = b.chunk_arrived + s * b.chunks_per_source + c;
       // On a timeout (recorded for the host) the chunk is copied anyway: its
       // rows are in bounds, and the call's results are void.
       wait_count(counter, static_cast<uint32_t>(last - first), ctx.timeout_ns, ctx.status,
                  kOpHtDispatch, s, c);
       *counter = 0u;  // every add of this chunk has landed: ready for the next dispatch
+      if (ctx.profile != nullptr) waited_ns += global_timer_ns() - wait_start;
     }
     __syncthreads();
     for (int row = first + warp; row < last; row += kWarps) {
@@ -375,9 +478,13 @@ __device__ __forceinline__ void dispatch_recv_role(const HtContext& ctx, const H
     }
     if (lane == 0) args.out_recv_src[row] = -1;
   }
+  return waited_ns;
 }
 
-template <bool kHasScales>
+// kUnroll: 16-byte vectors per lane per load batch of the send role (8 by
+// default; 16 under JAX_EP_HT_SEND_UNROLL=16, an experiment: fewer dependent
+// load round trips per row).
+template <bool kHasScales, int kUnroll>
 __global__ void __launch_bounds__(kThreads, 1)
     ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks) {
   __shared__ int s_prefix[kHtMaxRanks + 1];
@@ -386,6 +493,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_dispatch_seq) + 1;
+  ht_profile_start(ctx, kProfDispatchSend);
+  ht_profile_start(ctx, kProfDispatchRecv);
+  uint64_t waited_ns = 0;  // thread 0 of a receiver block (profiling)
   for (int i = threadIdx.x; i <= R; i += blockDim.x) s_prefix[i] = ctx.plan->recv_prefix[i];
   for (int r = threadIdx.x; r < R; r += blockDim.x) s_row_offset[r] = ctx.plan->row_offset[r];
   for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) s_tpe[e] = 0;
@@ -395,14 +505,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   // With a single block, it sends first and then receives.
   const bool single = gridDim.x == 1;
   if (single || static_cast<int>(blockIdx.x) < num_send_blocks) {
-    dispatch_send_role<kHasScales>(ctx, args, blockIdx.x, num_send_blocks, s_tpe, s_row_offset);
+    dispatch_send_role<kHasScales, kUnroll>(ctx, args, blockIdx.x, num_send_blocks, s_tpe,
+                                            s_row_offset);
   }
   if (single || static_cast<int>(blockIdx.x) >= num_send_blocks) {
     const int recv_block = single ? 0 : blockIdx.x - num_send_blocks;
     const int num_recv_blocks = single ? 1 : gridDim.x - num_send_blocks;
-    dispatch_recv_role<kHasScales>(ctx, args, recv_block, num_recv_blocks, s_tpe, s_prefix, kept);
+    waited_ns = dispatch_recv_role<kHasScales>(ctx, args, recv_block, num_recv_blocks, s_tpe,
+                                               s_prefix, kept);
   }
   __syncthreads();
+  if (single || static_cast<int>(blockIdx.x) >= num_send_blocks) {
+    ht_profile_wait(ctx, kProfDispatchRecv, waited_ns);
+    ht_profile_role_end(ctx, kProfDispatchRecv);
+  } else {
+    ht_profile_role_end(ctx, kProfDispatchSend);
+  }
   for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) {
     if (s_tpe[e]) atomicAdd(args.out_tokens_per_expert + e, s_tpe[e]);
   }
@@ -410,6 +528,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     *args.out_num_tokens = kept;
     *args.out_num_dropped = received - kept;
     ctx.counters->ht_dispatch_seq = seq;
+    ht_profile_close(ctx, kProfDispatchSend);
+    ht_profile_close(ctx, kProfDispatchRecv);
   }
 }
 
@@ -420,6 +540,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_combine_seq) + 1;
   char* recv_base = ctx.buffers.combine_recv[seq & 1];
   uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
+  ht_profile_start(ctx, kProfCombineSend);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
   const int valid = min(*args.num_tokens, args.capacity);
@@ -438,9 +559,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
       transport::set_flag(flags + d.rank, make_flag(seq, 1), r, nullptr, 0);
     }
+    ht_profile_role_end(ctx, kProfCombineSend);
+    if (threadIdx.x == 0) ht_profile_close(ctx, kProfCombineSend);
   }
 }
 
+// The rows a lane loads for token t's sum: each rank's copy (r == me: y, else
+// combine_recv), or null when that rank holds none.
+__device__ __forceinline__ const int4* combine_source(const HtContext& ctx,
+                                                      const HtCombineArgs& args,
+                                                      const char* recv_base, int row, int r,
+                                                      int t, int valid, size_t row_bytes) {
+  if (row < 0) return nullptr;
+  if (r == ctx.dims.rank) {
+    if (row >= valid) return nullptr;
+    return reinterpret_cast<const int4*>(static_cast<const char*>(args.y) +
+                                         static_cast<size_t>(row) * row_bytes);
+  }
+  return reinterpret_cast<const int4*>(
+      recv_base + (static_cast<size_t>(r) * ctx.dims.max_tokens + t) * row_bytes);
+}
+
+// kTwoSources (R <= 2): both ranks' loads are in flight together and summed
+// without an accumulator array, which leaves registers for twice the bytes in
+// flight per SM (the sum is bound by load latency, by Little's law: about
+// 64 KB in flight per SM gave 1.5 TB/s at 24 SMs). Sums run in rank order from
+// 0.0f either way, so both paths give the same bits.
+template <bool kTwoSources>
 __global__ void __launch_bounds__(kThreads, 1)
     ht_combine_recv(HtContext ctx, HtCombineArgs args) {
   const EpDims d = ctx.dims;
@@ -448,63 +593,95 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_combine_seq) + 1;
   const char* recv_base = ctx.buffers.combine_recv[seq & 1];
   const uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
+  ht_profile_start(ctx, kProfCombineRecv);
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
     wait_flag(flags + r, seq, ctx.timeout_ns, ctx.status, kOpHtCombine, r, 0);
   }
   __syncthreads();
+  if (ctx.profile != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    ht_profile_wait(ctx, kProfCombineRecv,
+                    global_timer_ns() - ctx.profile->start[kProfCombineRecv]);
+  }
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
   const int num_vec = d.hidden / 8;
   const int valid = min(*args.num_tokens, args.capacity);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   // One warp per token; kBatch independent 16-byte loads per lane and source
-  // in flight (the sum is latency-bound otherwise).
+  // in flight.
   constexpr int kBatch = 8;
   for (int t = blockIdx.x * kWarps + warp; t < args.num_local_tokens; t += gridDim.x * kWarps) {
     const int my_row = lane < R ? args.send_row[t * R + lane] : -1;
-    for (int base = 0; base < num_vec; base += kBatch * kWarpSize) {
-      float acc[kBatch][8];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[u][j] = 0.0f;
-      }
-      for (int r = 0; r < R; ++r) {
-        const int row = __shfl_sync(0xffffffffu, my_row, r);
-        if (row < 0) continue;
-        const int4* src;
-        if (r == d.rank) {
-          if (row >= valid) continue;
-          src = reinterpret_cast<const int4*>(static_cast<const char*>(args.y) +
-                                              static_cast<size_t>(row) * row_bytes);
-        } else {
-          src = reinterpret_cast<const int4*>(
-              recv_base + (static_cast<size_t>(r) * d.max_tokens + t) * row_bytes);
-        }
-        int4 raw[kBatch];
-        warp_load_batch(raw, src, base, num_vec, lane);
+    int4* out_row = reinterpret_cast<int4*>(static_cast<char*>(args.out) +
+                                            static_cast<size_t>(t) * row_bytes);
+    if constexpr (kTwoSources) {
+      const int4* src0 = combine_source(ctx, args, recv_base, __shfl_sync(0xffffffffu, my_row, 0),
+                                        0, t, valid, row_bytes);
+      const int4* src1 =
+          R > 1 ? combine_source(ctx, args, recv_base, __shfl_sync(0xffffffffu, my_row, 1), 1, t,
+                                 valid, row_bytes)
+                : nullptr;
+      for (int base = 0; base < num_vec; base += kBatch * kWarpSize) {
+        int4 raw0[kBatch], raw1[kBatch];
+        if (src0 != nullptr) warp_load_batch(raw0, src0, base, num_vec, lane);
+        if (src1 != nullptr) warp_load_batch(raw1, src1, base, num_vec, lane);
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-          const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[u]);
+          const int v = base + u * kWarpSize + lane;
+          if (v >= num_vec) continue;
+          const __nv_bfloat16* vals0 = reinterpret_cast<const __nv_bfloat16*>(&raw0[u]);
+          const __nv_bfloat16* vals1 = reinterpret_cast<const __nv_bfloat16*>(&raw1[u]);
+          int4 packed;
+          __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) acc[u][j] += __bfloat162float(vals[j]);
+          for (int j = 0; j < 8; ++j) {
+            float sum = 0.0f;
+            if (src0 != nullptr) sum += __bfloat162float(vals0[j]);
+            if (src1 != nullptr) sum += __bfloat162float(vals1[j]);
+            outv[j] = __float2bfloat16_rn(sum);
+          }
+          out_row[v] = packed;
         }
       }
-      int4* out_row = reinterpret_cast<int4*>(static_cast<char*>(args.out) +
-                                              static_cast<size_t>(t) * row_bytes);
+      continue;
+    } else {
+      for (int base = 0; base < num_vec; base += kBatch * kWarpSize) {
+        float acc[kBatch][8];
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int v = base + u * kWarpSize + lane;
-        if (v >= num_vec) continue;
-        int4 packed;
-        __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
+        for (int u = 0; u < kBatch; ++u) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) outv[j] = __float2bfloat16_rn(acc[u][j]);
-        out_row[v] = packed;
+          for (int j = 0; j < 8; ++j) acc[u][j] = 0.0f;
+        }
+        for (int r = 0; r < R; ++r) {
+          const int4* src = combine_source(ctx, args, recv_base,
+                                           __shfl_sync(0xffffffffu, my_row, r), r, t, valid,
+                                           row_bytes);
+          if (src == nullptr) continue;
+          int4 raw[kBatch];
+          warp_load_batch(raw, src, base, num_vec, lane);
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u) {
+            const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[u]);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[u][j] += __bfloat162float(vals[j]);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int v = base + u * kWarpSize + lane;
+          if (v >= num_vec) continue;
+          int4 packed;
+          __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) outv[j] = __float2bfloat16_rn(acc[u][j]);
+          out_row[v] = packed;
+        }
       }
     }
   }
   if (arrive_is_last_block(&ctx.counters->ht_combine_recv_done) && threadIdx.x == 0) {
     ctx.counters->ht_combine_seq = seq;
+    ht_profile_role_end(ctx, kProfCombineRecv);
+    ht_profile_close(ctx, kProfCombineRecv);
   }
 }
 
@@ -517,16 +694,28 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
       ctx.dims.num_topk > kWarpSize) {
     return cudaErrorInvalidValue;
   }
-  ht_notify<<<1, kNotifyThreads, 0, stream>>>(ctx, args.topk_idx, args.num_tokens, args.capacity,
-                                              args.out_send_row, args.out_num_invalid,
-                                              args.out_tokens_per_expert);
+  const size_t mask_bytes = sizeof(uint32_t) * static_cast<size_t>(args.num_tokens);
+  const bool masks_in_smem = mask_bytes <= kNotifyMaxSmem;
+  ht_notify<<<1, kNotifyThreads, masks_in_smem ? mask_bytes : 0, stream>>>(
+      ctx, args.topk_idx, args.num_tokens, args.capacity, args.out_send_row,
+      args.out_num_invalid, args.out_tokens_per_expert, masks_in_smem);
   // One SM budget for both roles: about a third of the blocks receive.
   const int grid = std::max(1, ctx.num_sms);
-  const int num_send_blocks = grid == 1 ? 1 : grid - std::max(1, grid / 3);
+  // ctx.recv_divisor (3; JAX_EP_HT_RECV_DIVISOR, an experiment) sets the
+  // share of receiver blocks: grid / divisor.
+  const int num_send_blocks =
+      grid == 1 ? 1 : grid - std::max(1, grid / std::max(2, ctx.recv_divisor));
+  const bool wide = ctx.send_unroll == 16;
   if (args.scales != nullptr) {
-    ht_dispatch<true><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
+    if (wide) {
+      ht_dispatch<true, 16><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
+    } else {
+      ht_dispatch<true, 8><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
+    }
+  } else if (wide) {
+    ht_dispatch<false, 16><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
   } else {
-    ht_dispatch<false><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
+    ht_dispatch<false, 8><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
   }
   return cudaGetLastError();
 }
@@ -535,17 +724,26 @@ cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cud
   if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.hidden % 8 != 0) return cudaErrorInvalidValue;
   const int grid = std::max(1, ctx.num_sms);
   ht_combine_send<<<grid, kThreads, 0, stream>>>(ctx, args);
-  ht_combine_recv<<<grid, kThreads, 0, stream>>>(ctx, args);
+  if (ctx.dims.num_ranks <= 2) {
+    ht_combine_recv<true><<<grid, kThreads, 0, stream>>>(ctx, args);
+  } else {
+    ht_combine_recv<false><<<grid, kThreads, 0, stream>>>(ctx, args);
+  }
   return cudaGetLastError();
 }
 
 cudaError_t PrepareHtKernels() {
   cudaFuncAttributes attrs;
-  cudaError_t err = cudaFuncGetAttributes(&attrs, ht_notify);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false>);
+  cudaError_t err = cudaFuncSetAttribute(ht_notify, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kNotifyMaxSmem));
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_notify);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true, 8>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false, 8>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true, 16>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false, 16>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_send);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv<true>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv<false>);
   return err;
 }
 

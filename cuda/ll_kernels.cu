@@ -1,34 +1,50 @@
 // Low-latency (LL) dispatch and combine.
 //
 // PROTOCOL (R ranks, E experts, E_local = E/R per rank, T = max tokens per rank,
-// p = parity of the call's sequence number seq; buffers in ep_types.h LlBuffers)
+// p = parity of the call's sequence number seq; buffers in ep_types.h LlBuffers;
+// done[] = ctx.slot_counters [E], device memory of this rank only, zero
+// between calls)
 //
-// dispatch send (on every source rank s, kernel ll_dispatch_send):
-//   1. For each token t and each distinct valid expert e of t (owner r = e/E_local,
-//      local expert le = e%E_local): slot = atomicAdd(slot_counters[e]) (device
-//      memory, this rank only). The message [header: t][payload] is written to
-//      r's dispatch_recv[p][le][s][slot] (NVLink: direct 16-byte stores; RDMA:
-//      staged in dispatch_stage[t], then put on QP le).
-//   2. Every thread fences (system scope); the last block to arrive reads and
-//      zeroes slot_counters[e] = n_e and sets r's dispatch_flags[p][le][s] =
-//      (seq, n_e) for every e (NVLink: st.release.sys; RDMA: signal on QP le
-//      after the data). It also counts invalid top-k entries and advances the
-//      send sequence number.
-// dispatch recv (on every owner rank r, kernel ll_dispatch_recv):
-//   3. For each local expert le: wait (bounded) for dispatch_flags[p][le][s] to
-//      carry seq, for every source s; n_s rows arrived in arbitrary slot order.
-//   4. Rows of source s are placed at offset sum_{s'<s} n_s' plus the rank of
-//      their token index among that source's tokens (a bitmap of token ids in
-//      shared memory), so the output order is (source rank, source token):
-//      deterministic whatever order the atomics gave.
-// combine send (on r, kernel ll_combine_send):
+// Each op has a send part and a receive part. The one-call ops run both in ONE
+// kernel (every block sends, then receives); the split ops (overlap) run one
+// part per kernel, tied by a ticket. Fused kernels need all their blocks
+// resident at once (a receiving block spins while the rank's last sends may
+// still be running): grids never exceed the SM count and use one block per SM.
+//
+// dispatch send (on every source rank s):
+//   1. Every block reads all of this rank's routing into shared memory: the
+//      first occurrence of each valid expert on an unmasked rank is kept, and
+//      rows_per_expert[e] (tokens sent to e) and rows_before[e] (those before
+//      the block's current token) are counted. Out-of-range entries are counted
+//      by block 0, which writes num_invalid.
+//   2. A token t sent to expert e (owner r = e/E_local, le = e%E_local) goes to
+//      slot rows_before[e] of r's dispatch_recv[p][le][s]: rows land in token
+//      order, so no atomics decide slots and the receiver never sorts. The
+//      message [header: t][payload] is stored directly (NVLink), or staged in
+//      dispatch_stage[t] and put on QP le (RDMA; its puts are complete or
+//      queued on QP le before step 3).
+//   3. After a token's rows (block barrier), one thread per expert of the token
+//      adds 1 to done[e] (acq_rel, GPU scope). The thread that brings it to
+//      rows_per_expert[e] resets done[e] to 0 and sets r's
+//      dispatch_flags[p][le][s] = (seq, rows_per_expert[e]) with a system-scope
+//      release (NVLink) or a signal on QP le (RDMA): the release covers every
+//      row of e, whichever block wrote it (barrier -> release -> acquire chain).
+//      An expert that no token uses gets (seq, 0) at once from block e % grid.
+// dispatch recv (on every owner rank r):
+//   4. For each local expert le: wait (bounded) for dispatch_flags[p][le][s] to
+//      carry seq, for every source s: n_s rows, in slots 0..n_s-1 in token
+//      order. Output row offset_s + slot, offset_s = sum_{s'<s} n_s': the
+//      contract's (source rank, source token) order. count[le] = sum n_s.
+// combine send (on r):
 //   5. Row i < count[le] of expert le came from source s, token t (recv_src):
 //      y[le][i] goes to s's combine_recv[p][r*E_local+le][t]; after all of
-//      expert le's rows, (seq, 0) is set in combine_flags[p][r*E_local+le] on
-//      every rank (NVLink: fence + st.release.sys; RDMA: signal on QP le).
-// combine recv (on s, kernel ll_combine_recv):
-//   6. Wait for combine_flags[p][e] = seq for every e; out[t] = sum over valid k
-//      of w[t,k] * combine_recv[p][e_k][t], accumulated in fp32.
+//      expert le's rows (block barrier), (seq, 0) is set in
+//      combine_flags[p][r*E_local+le] on every rank (NVLink: st.release.sys by
+//      one thread; RDMA: signal on QP le after the puts).
+// combine recv (on s):
+//   6. For each token, wait for combine_flags[p][e] = seq of its valid experts;
+//      out[t] = sum over valid k of w[t,k] * combine_recv[p][e_k][t], in fp32,
+//      in k order.
 //
 // Rank masking (ctx.masked, 1 = masked; set by the host between calls, or by a
 // kernel on a timeout with mask_on_timeout): senders skip pairs whose expert
@@ -36,16 +52,18 @@
 // masked rank's flags; receivers do not wait for a masked rank and leave its
 // rows and experts out (count 0, no contribution).
 //
-// Pairing: a send hands its sequence number to its recv as a ticket in device
-// memory (the fused one-call ops launch both kernels from one custom call), so
-// XLA may reorder independent jax_ep calls freely as long as every rank runs the
-// same program. At most one LL send of each kind may await its recv; a second
-// is recorded as a protocol fault (kStatusProtocol).
+// Pairing: a split send hands its sequence number to its recv as a ticket in
+// device memory, so XLA may reorder independent jax_ep calls freely as long as
+// every rank runs the same program. At most one split send of each kind may
+// await its recv; another send meanwhile is a protocol fault (kStatusProtocol).
+// The last block of each kernel (GPU-scope arrival counter) does this
+// bookkeeping; it needs no system fence, as later kernels read it.
 //
-// Why no resets: flags carry the call's sequence number (device_common.cuh), and
-// buffers alternate by parity. A peer can write parity p again only two calls
-// later, and it can get there only after it received this rank's data of the
-// call in between, which this rank sends after finishing with parity p.
+// Why no resets of flags or buffers: flags carry the call's sequence number
+// (device_common.cuh), and buffers alternate by parity. A peer can write parity
+// p again only two calls later, and it can get there only after it received
+// this rank's data of the call in between, which this rank sends after
+// finishing with parity p.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -61,7 +79,6 @@ namespace jax_ep::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kMaxTopk = 32;
 constexpr int kMaxRanks = 1024;
 constexpr float kFp8Max = 448.0f;
@@ -88,6 +105,11 @@ __device__ __forceinline__ void profile_end(const LlContext& ctx, int k) {  // l
     ctx.profile->total_ns[k] += now - ctx.profile->start[k];
     ctx.profile->calls[k] += 1;
   }
+}
+
+// Fused kernels: block 0 stamps the end of its send part as slot k's end.
+__device__ __forceinline__ void profile_end_block0(const LlContext& ctx, int k) {
+  if (blockIdx.x == 0) profile_end(ctx, k);
 }
 
 // A send's bookkeeping (one thread of its last block): the protocol check (one
@@ -233,37 +255,122 @@ __device__ __forceinline__ void store_pieces(char* msg, const RoundPieces<kFp8>&
   }
 }
 
+// Which parts of an op a kernel runs: the split ops launch one part per
+// kernel, the one-call ops one kernel with both.
+constexpr int kSendPart = 1;
+constexpr int kRecvPart = 2;
+constexpr int kBothParts = kSendPart | kRecvPart;
+
+// Dynamic shared memory of the dispatch send part: the routing of all tokens
+// ([num_tokens][K], entries that are not sent = -1), rows_per_expert [E],
+// rows_before [E] and the rank mask [R].
+size_t DispatchSendSmem(int num_tokens, const EpDims& d) {
+  return sizeof(int) * (static_cast<size_t>(num_tokens) * d.num_topk +
+                        2 * static_cast<size_t>(d.num_experts) + d.num_ranks);
+}
+
 template <bool kFp8>
-__global__ void __launch_bounds__(kThreads, 1)
-    ll_dispatch_send(LlContext ctx, const __nv_bfloat16* __restrict__ x,
-                     const int32_t* __restrict__ topk_idx, int num_tokens,
-                     int32_t* __restrict__ num_invalid_out, uint32_t* __restrict__ ticket_out) {
+__device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_t seq,
+                                                   const __nv_bfloat16* __restrict__ x,
+                                                   const int32_t* __restrict__ topk_idx,
+                                                   int num_tokens,
+                                                   int32_t* __restrict__ num_invalid_out,
+                                                   int* smem) {
   __shared__ int s_expert[kMaxTopk];
+  __shared__ int s_total[kMaxTopk];
   __shared__ int s_slot[kMaxTopk];
   __shared__ char* s_dst[kMaxTopk];  // the message's address on its owner; null: RDMA
   __shared__ int s_invalid;
   const EpDims d = ctx.dims;
-  const uint32_t seq = ld_volatile_u32(&ctx.counters->ll_dispatch_seq) + 1;
+  const int num_topk = d.num_topk;
+  int* routing = smem;
+  int* rows_per_expert = routing + static_cast<size_t>(num_tokens) * num_topk;
+  int* rows_before = rows_per_expert + d.num_experts;
+  int* masked = rows_before + d.num_experts;
+  auto* done = reinterpret_cast<uint32_t*>(ctx.slot_counters);
   char* recv_base = ctx.buffers.dispatch_recv[seq & 1];
   uint64_t* flags = ctx.buffers.dispatch_flags[seq & 1];
   const size_t msg_bytes = ctx.buffers.message_bytes;
-  bool used_rdma = false;
-  profile_start(ctx, 0);
+  const int first_token = blockIdx.x;
+  auto token_row = [&](int t) {
+    return reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * d.hidden);
+  };
 
-  for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
-    const int4* row = reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * d.hidden);
-    // The first round's loads go out before the slot atomics return.
-    RoundPieces<kFp8> pieces = load_pieces<kFp8>(row, 0, d.hidden);
-    if (threadIdx.x < d.num_topk) {
+  // The first row's loads go out before the routing pass.
+  RoundPieces<kFp8> pieces;
+  if (first_token < num_tokens) pieces = load_pieces<kFp8>(token_row(first_token), 0, d.hidden);
+
+  // 1. Routing of all tokens: which (token, expert) pairs are sent, and counts.
+  //    The first kPrefetch entries per thread are loaded before the barrier.
+  constexpr int kPrefetch = 8;
+  const int num_entries = num_tokens * num_topk;
+  int prefetched[kPrefetch];
+#pragma unroll
+  for (int u = 0; u < kPrefetch; ++u) {
+    const int i = threadIdx.x + u * static_cast<int>(blockDim.x);
+    prefetched[u] = i < num_entries ? __ldg(topk_idx + i) : -1;
+  }
+  for (int i = threadIdx.x; i < 2 * d.num_experts; i += blockDim.x) rows_per_expert[i] = 0;
+  for (int r = threadIdx.x; r < d.num_ranks; r += blockDim.x) masked[r] = rank_masked(ctx, r);
+  if (threadIdx.x == 0) s_invalid = 0;
+  __syncthreads();
+  int invalid = 0;
+  auto route_entry = [&](int i, int e) {
+    const int t = i / num_topk, k = i - t * num_topk;
+    invalid += (e < -1 || e >= d.num_experts) ? 1 : 0;
+    bool keep = valid_expert(e, d.num_experts) && masked[e / d.experts_per_rank] == 0;
+    if (keep) {
+      for (int j = 0; j < k; ++j) keep &= __ldg(topk_idx + t * num_topk + j) != e;
+    }
+    routing[i] = keep ? e : -1;
+    if (keep) {
+      atomicAdd(rows_per_expert + e, 1);
+      if (t < first_token) atomicAdd(rows_before + e, 1);
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < kPrefetch; ++u) {
+    const int i = threadIdx.x + u * static_cast<int>(blockDim.x);
+    if (i < num_entries) route_entry(i, prefetched[u]);
+  }
+  for (int i = threadIdx.x + kPrefetch * blockDim.x; i < num_entries; i += blockDim.x) {
+    route_entry(i, __ldg(topk_idx + i));
+  }
+  if (blockIdx.x == 0 && invalid != 0) atomicAdd(&s_invalid, invalid);
+  __syncthreads();
+  if (blockIdx.x == 0 && threadIdx.x == 0 && num_invalid_out != nullptr) {
+    *num_invalid_out = s_invalid;
+  }
+
+  // Experts that no token of this rank uses get (seq, 0) now, from block e % grid.
+  for (int e = blockIdx.x + threadIdx.x * gridDim.x; e < d.num_experts;
+       e += blockDim.x * gridDim.x) {
+    const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
+    if (rows_per_expert[e] == 0 && masked[r] == 0) {
+      transport::set_flag(flags + static_cast<size_t>(le) * d.num_ranks + d.rank,
+                          make_flag(seq, 0), r, ctx.qp_handles, le);
+    }
+  }
+
+  // 2-3. This block's tokens, in increasing order.
+  for (int t = first_token; t < num_tokens; t += gridDim.x) {
+    if (t != first_token) {
+      pieces = load_pieces<kFp8>(token_row(t), 0, d.hidden);
+      for (int i = threadIdx.x; i < static_cast<int>(gridDim.x) * num_topk; i += blockDim.x) {
+        const int e = routing[static_cast<size_t>(t - gridDim.x) * num_topk + i];
+        if (e >= 0) atomicAdd(rows_before + e, 1);
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x < num_topk) {
       const int k = threadIdx.x;
-      const int e = topk_idx[t * d.num_topk + k];
-      bool first = valid_expert(e, d.num_experts) && !rank_masked(ctx, e / d.experts_per_rank);
-      for (int j = 0; j < k && first; ++j) first = topk_idx[t * d.num_topk + j] != e;
-      const int slot = first ? atomicAdd(ctx.slot_counters + e, 1) : -1;
-      s_expert[k] = first ? e : -1;
-      s_slot[k] = slot;
-      if (first) {
+      const int e = routing[static_cast<size_t>(t) * num_topk + k];
+      s_expert[k] = e;
+      if (e >= 0) {
         const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
+        const int slot = rows_before[e];
+        s_slot[k] = slot;
+        s_total[k] = rows_per_expert[e];
         char* dst_local = recv_base +
             ((static_cast<size_t>(le) * d.num_ranks + d.rank) * d.max_tokens + slot) * msg_bytes;
         s_dst[k] = static_cast<char*>(transport::peer_ptr(dst_local, r));
@@ -271,13 +378,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     bool needs_stage = false;  // block-uniform: the routing lives in shared memory
-    for (int k = 0; k < d.num_topk; ++k) needs_stage |= s_expert[k] >= 0 && s_dst[k] == nullptr;
+    for (int k = 0; k < num_topk; ++k) needs_stage |= s_expert[k] >= 0 && s_dst[k] == nullptr;
     // RDMA puts need a symmetric source: the message is staged once per token.
     char* stage = needs_stage ? ctx.buffers.dispatch_stage + static_cast<size_t>(t) * msg_bytes
                               : nullptr;
+    const int4* row = token_row(t);
     for (int c0 = 0; c0 < d.hidden; c0 += kChannelsPerRound) {
       if (c0 > 0) pieces = load_pieces<kFp8>(row, c0, d.hidden);
-      for (int k = 0; k < d.num_topk; ++k) {
+      for (int k = 0; k < num_topk; ++k) {
         if (s_expert[k] < 0 || s_dst[k] == nullptr) continue;
         store_pieces<kFp8>(s_dst[k], pieces, c0, d.hidden);
         if (c0 == 0 && threadIdx.x == 0) {
@@ -292,7 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (stage != nullptr) {
       __syncthreads();  // the staged message is complete
       if (threadIdx.x / kWarpSize == 0) {
-        for (int k = 0; k < d.num_topk; ++k) {
+        for (int k = 0; k < num_topk; ++k) {
           const int e = s_expert[k];
           if (e < 0 || s_dst[k] != nullptr) continue;
           const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
@@ -302,249 +410,336 @@ __global__ void __launch_bounds__(kThreads, 1)
           transport::put_warp(dst_local, stage, msg_bytes, r, ctx.qp_handles, le);
         }
       }
-      used_rdma = true;
     }
-    __syncthreads();  // s_expert/s_slot/s_dst are rewritten for the next token
-  }
-  transport::complete_block_puts(__syncthreads_or(used_rdma), ctx.qp_handles);
-
-  if (arrive_is_last_block(&ctx.counters->ll_dispatch_send_done)) {
-    for (int e = threadIdx.x; e < d.num_experts; e += blockDim.x) {
-      const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
-      const uint32_t count = static_cast<uint32_t>(atomicExch(ctx.slot_counters + e, 0));
-      if (rank_masked(ctx, r)) continue;  // a masked rank's memory is never written
-      transport::set_flag(flags + static_cast<size_t>(le) * d.num_ranks + d.rank,
-                          make_flag(seq, count), r, ctx.qp_handles, le);
+    transport::complete_block_puts(needs_stage, ctx.qp_handles);
+    __syncthreads();  // every row of token t is written (or its put issued)
+    if (threadIdx.x < num_topk) {
+      const int k = threadIdx.x;
+      const int e = s_expert[k];
+      if (e >= 0 && atom_add_acq_rel_gpu(done + e, 1u) + 1u == static_cast<uint32_t>(s_total[k])) {
+        // The last of e's rows: publish them all.
+        done[e] = 0u;
+        const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
+        transport::set_flag(flags + static_cast<size_t>(le) * d.num_ranks + d.rank,
+                            make_flag(seq, static_cast<uint32_t>(s_total[k])), r, ctx.qp_handles,
+                            le);
+      }
     }
-    if (threadIdx.x == 0) s_invalid = 0;
-    __syncthreads();
-    int invalid = 0;
-    for (int i = threadIdx.x; i < num_tokens * d.num_topk; i += blockDim.x) {
-      const int e = topk_idx[i];
-      invalid += (e < -1 || e >= d.num_experts) ? 1 : 0;
-    }
-    if (invalid) atomicAdd(&s_invalid, invalid);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      *num_invalid_out = s_invalid;
-      finish_send(ctx, &ctx.counters->ll_dispatch_outstanding, &ctx.counters->ll_dispatch_seq,
-                  seq, ticket_out, kOpLlDispatch);
-    }
-    profile_end(ctx, 0);
   }
 }
 
 template <bool kFp8>
-__global__ void __launch_bounds__(kThreads, 1)
-    ll_dispatch_recv(LlContext ctx, const uint32_t* __restrict__ ticket, int num_tokens,
-                     void* __restrict__ out_x,
-                     float* __restrict__ out_scales, int32_t* __restrict__ out_count,
-                     int32_t* __restrict__ out_recv_src) {
-  // Per source s: bitmap[s][words] of arrived token ids, prefix[s][words]
-  // (popcount of the words before) -> a row's output position without sorting.
-  extern __shared__ uint32_t smem_words[];
-  __shared__ int s_count[kMaxRanks];
-  __shared__ int s_offset[kMaxRanks + 1];
+__device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_t seq,
+                                                   int num_tokens, void* __restrict__ out_x,
+                                                   float* __restrict__ out_scales,
+                                                   int32_t* __restrict__ out_count,
+                                                   int32_t* __restrict__ out_recv_src) {
+  __shared__ int s_offset[kMaxRanks + 1];  // output offset of each source's rows
   const EpDims d = ctx.dims;
-  const uint32_t seq = ld_volatile_u32(ticket);
   const char* recv_base = ctx.buffers.dispatch_recv[seq & 1];
   const uint64_t* flags = ctx.buffers.dispatch_flags[seq & 1];
   const size_t msg_bytes = ctx.buffers.message_bytes;
   const int rows_per_expert = d.num_ranks * d.max_tokens;
-  const int words = (num_tokens + 31) / 32;
-  uint32_t* bitmap = smem_words;
-  uint32_t* prefix = smem_words + d.num_ranks * words;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
-  profile_start(ctx, 1);
 
   for (int le = blockIdx.x; le < d.experts_per_rank; le += gridDim.x) {
-    const char* expert_base = recv_base + static_cast<size_t>(le) * d.num_ranks * d.max_tokens * msg_bytes;
-    for (int i = threadIdx.x; i < d.num_ranks * words; i += blockDim.x) bitmap[i] = 0u;
     for (int s = threadIdx.x; s < d.num_ranks; s += blockDim.x) {
       const uint32_t n = ll_wait(ctx, flags + static_cast<size_t>(le) * d.num_ranks + s, seq,
                                  kOpLlDispatch, s, le);
-      s_count[s] = (n == kFlagTimedOut) ? 0 : static_cast<int>(min(n, static_cast<uint32_t>(num_tokens)));
+      s_offset[s + 1] =
+          n == kFlagTimedOut ? 0 : static_cast<int>(min(n, static_cast<uint32_t>(num_tokens)));
     }
     __syncthreads();
     if (le == blockIdx.x) profile_waited(ctx, 1);
     if (threadIdx.x == 0) {
-      int total = 0;
-      for (int s = 0; s < d.num_ranks; ++s) {
-        s_offset[s] = total;
-        total += s_count[s];
-      }
-      s_offset[d.num_ranks] = total;
-      out_count[le] = total;
-    }
-    // Token ids of every arrived row, all sources at once.
-    for (int s = 0; s < d.num_ranks; ++s) {
-      const char* block = expert_base + static_cast<size_t>(s) * d.max_tokens * msg_bytes;
-      for (int i = threadIdx.x; i < s_count[s]; i += blockDim.x) {
-        const int t = ld_nc_v4(reinterpret_cast<const int4*>(block + i * msg_bytes)).x;
-        if (t >= 0 && t < num_tokens) atomicOr(bitmap + s * words + t / 32, 1u << (t % 32));
-      }
+      s_offset[0] = 0;
+      for (int s = 0; s < d.num_ranks; ++s) s_offset[s + 1] += s_offset[s];
+      out_count[le] = s_offset[d.num_ranks];
     }
     __syncthreads();
-    for (int s = threadIdx.x; s < d.num_ranks; s += blockDim.x) {
-      uint32_t running = 0;
-      for (int i = 0; i < words; ++i) {
-        prefix[s * words + i] = running;
-        running += __popc(bitmap[s * words + i]);
-      }
-    }
     const int total = s_offset[d.num_ranks];
     int32_t* recv_src = out_recv_src + static_cast<size_t>(le) * rows_per_expert;
     for (int row = total + threadIdx.x; row < rows_per_expert; row += blockDim.x) recv_src[row] = -1;
-    __syncthreads();
-    // One warp per row, all sources at once.
-    for (int s = 0; s < d.num_ranks; ++s) {
-      const char* block = expert_base + static_cast<size_t>(s) * d.max_tokens * msg_bytes;
-      const uint32_t* bits = bitmap + s * words;
-      for (int i = warp; i < s_count[s]; i += num_warps) {
-        const char* message = block + i * msg_bytes;
-        const int t = ld_nc_v4(reinterpret_cast<const int4*>(message)).x;
-        if (t < 0 || t >= num_tokens) continue;
-        const int pos = prefix[s * words + t / 32] + __popc(bits[t / 32] & ((1u << (t % 32)) - 1u));
-        const size_t out_row = static_cast<size_t>(le) * rows_per_expert + s_offset[s] + pos;
-        if (lane == 0) recv_src[s_offset[s] + pos] = s * num_tokens + t;
-        const int4* payload = reinterpret_cast<const int4*>(message + 16);
-        if constexpr (!kFp8) {
-          warp_copy(reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(out_x) + out_row * d.hidden),
-                    payload, d.hidden / 8, lane);
-        } else {
-          warp_copy(reinterpret_cast<int4*>(static_cast<uint8_t*>(out_x) + out_row * d.hidden),
-                    payload, d.hidden / 16, lane);
-          const float* scales = reinterpret_cast<const float*>(message + 16 + d.hidden);
-          float* scales_out = out_scales + out_row * (d.hidden / 128);
-          for (int g = lane; g < d.hidden / 128; g += kWarpSize) scales_out[g] = scales[g];
-        }
+    const char* expert_base =
+        recv_base + static_cast<size_t>(le) * d.num_ranks * d.max_tokens * msg_bytes;
+    // One warp per output row; rows are in (source, slot) order.
+    for (int row = warp; row < total; row += num_warps) {
+      int s = 0, hi = d.num_ranks - 1;  // the last source whose rows start at or before `row`
+      while (s < hi) {
+        const int mid = (s + hi + 1) / 2;
+        if (s_offset[mid] <= row) s = mid; else hi = mid - 1;
+      }
+      const char* message =
+          expert_base + (static_cast<size_t>(s) * d.max_tokens + (row - s_offset[s])) * msg_bytes;
+      if (lane == 0) {
+        const int t = ld_v4_no_alloc(reinterpret_cast<const int4*>(message)).x;
+        recv_src[row] = (t >= 0 && t < num_tokens) ? s * num_tokens + t : -1;
+      }
+      const size_t out_row = static_cast<size_t>(le) * rows_per_expert + row;
+      const int4* payload = reinterpret_cast<const int4*>(message + 16);
+      if constexpr (!kFp8) {
+        warp_copy_acquired<16>(
+            reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(out_x) + out_row * d.hidden),
+            payload, d.hidden / 8, lane);
+      } else {
+        warp_copy_acquired<16>(
+            reinterpret_cast<int4*>(static_cast<uint8_t*>(out_x) + out_row * d.hidden), payload,
+            d.hidden / 16, lane);
+        const float* scales = reinterpret_cast<const float*>(message + 16 + d.hidden);
+        float* scales_out = out_scales + out_row * (d.hidden / 128);
+        for (int g = lane; g < d.hidden / 128; g += kWarpSize) scales_out[g] = scales[g];
       }
     }
-    __syncthreads();  // shared state is rewritten for the next expert
-  }
-  if (arrive_is_last_block(&ctx.counters->ll_dispatch_recv_done) && threadIdx.x == 0) {
-    ctx.counters->ll_dispatch_outstanding = 0u;
-    profile_end(ctx, 1);
+    __syncthreads();  // s_offset is rewritten for the next expert
   }
 }
 
+// kParts = kSendPart (split send: ticket_out), kRecvPart (split recv: ticket_in)
+// or kBothParts (one-call op).
+template <bool kFp8, int kParts>
 __global__ void __launch_bounds__(kThreads, 1)
-    ll_combine_send(LlContext ctx, const __nv_bfloat16* __restrict__ y,
-                    const int32_t* __restrict__ recv_src, const int32_t* __restrict__ count,
-                    int num_tokens, uint32_t* __restrict__ ticket_out) {
+    ll_dispatch(LlContext ctx, const __nv_bfloat16* __restrict__ x,
+                const int32_t* __restrict__ topk_idx, int num_tokens,
+                int32_t* __restrict__ num_invalid_out, uint32_t* __restrict__ ticket_out,
+                const uint32_t* __restrict__ ticket_in, void* __restrict__ out_x,
+                float* __restrict__ out_scales, int32_t* __restrict__ out_count,
+                int32_t* __restrict__ out_recv_src) {
+  extern __shared__ int smem[];
+  constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
+  DeviceCounters* counters = ctx.counters;
+  const uint32_t seq =
+      kSend ? ld_volatile_u32(&counters->ll_dispatch_seq) + 1 : ld_volatile_u32(ticket_in);
+  if constexpr (kSend) {
+    profile_start(ctx, 0);
+    dispatch_send_part<kFp8>(ctx, seq, x, topk_idx, num_tokens, num_invalid_out, smem);
+    if constexpr (kRecv) profile_end_block0(ctx, 0);
+  }
+  if constexpr (kRecv) {
+    profile_start(ctx, 1);
+    dispatch_recv_part<kFp8>(ctx, seq, num_tokens, out_x, out_scales, out_count, out_recv_src);
+  }
+  if (arrive_is_last_block_gpu(kSend ? &counters->ll_dispatch_send_done
+                                     : &counters->ll_dispatch_recv_done) &&
+      threadIdx.x == 0) {
+    if constexpr (kSend && kRecv) {
+      if (counters->ll_dispatch_outstanding != 0u) {
+        record_fault(ctx.status, kStatusProtocol, kOpLlDispatch, ctx.dims.rank, 0);
+      }
+      counters->ll_dispatch_seq = seq;
+      profile_end(ctx, 1);
+    } else if constexpr (kSend) {
+      finish_send(ctx, &counters->ll_dispatch_outstanding, &counters->ll_dispatch_seq, seq,
+                  ticket_out, kOpLlDispatch);
+      profile_end(ctx, 0);
+    } else {
+      counters->ll_dispatch_outstanding = 0u;
+      profile_end(ctx, 1);
+    }
+  }
+}
+
+__device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t seq,
+                                                  const __nv_bfloat16* __restrict__ y,
+                                                  const int32_t* __restrict__ recv_src,
+                                                  const int32_t* __restrict__ count,
+                                                  int num_tokens, const int* s_masked) {
+  constexpr int kUnroll = 16;  // vectors per lane in flight
   const EpDims d = ctx.dims;
-  const uint32_t seq = ld_volatile_u32(&ctx.counters->ll_combine_seq) + 1;
   char* recv_base = ctx.buffers.combine_recv[seq & 1];
   uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
+  const int num_vec = d.hidden / 8;
   const int rows_per_expert = d.num_ranks * d.max_tokens;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int num_warps = blockDim.x / kWarpSize;
   bool used_rdma = false;
-  profile_start(ctx, 2);
 
   for (int le = blockIdx.x; le < d.experts_per_rank; le += gridDim.x) {
     const int e = d.rank * d.experts_per_rank + le;
+    const int32_t* expert_src = recv_src + static_cast<size_t>(le) * rows_per_expert;
+    auto row_of = [&](int i) {
+      return reinterpret_cast<const int4*>(
+          y + (static_cast<size_t>(le) * rows_per_expert + i) * d.hidden);
+    };
+    // The warp's first row: its data and its source are loaded together with
+    // count (in bounds whatever count says; a row past count is never stored).
+    int4 head[kUnroll];
+    int src = -1;
+    if (warp < rows_per_expert) {
+      warp_load_batch(head, row_of(warp), 0, num_vec, lane);
+      src = expert_src[warp];
+    }
     const int n = min(count[le], rows_per_expert);
-    for (int i = warp; i < n; i += kWarps) {
-      const int src = recv_src[static_cast<size_t>(le) * rows_per_expert + i];
+    for (int i = warp; i < n; i += num_warps) {
+      if (i != warp) {
+        src = expert_src[i];
+        warp_load_batch(head, row_of(i), 0, num_vec, lane);
+      }
       if (src < 0 || num_tokens <= 0) continue;
       const int s = src / num_tokens, t = src % num_tokens;
-      if (s >= d.num_ranks || rank_masked(ctx, s)) continue;
-      const int4* row = reinterpret_cast<const int4*>(
-          y + (static_cast<size_t>(le) * rows_per_expert + i) * d.hidden);
+      if (s >= d.num_ranks || s_masked[s] != 0) continue;
+      const int4* row = row_of(i);
       char* dst_local = recv_base + (static_cast<size_t>(e) * d.max_tokens + t) * row_bytes;
       auto* dst = static_cast<int4*>(transport::peer_ptr(dst_local, s));
       if (dst != nullptr) {
-        warp_copy(dst, row, d.hidden / 8, lane);
+        for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
+          if (base > 0) warp_load_batch(head, row, base, num_vec, lane);
+          warp_store_batch(dst, head, base, num_vec, lane);
+        }
       } else {
         auto* stage = reinterpret_cast<int4*>(
             ctx.buffers.combine_stage + (static_cast<size_t>(le) * rows_per_expert + i) * row_bytes);
-        for (int v = lane; v < d.hidden / 8; v += kWarpSize) stage[v] = __ldg(row + v);
+        for (int v = lane; v < num_vec; v += kWarpSize) stage[v] = __ldg(row + v);
         __syncwarp();
         transport::put_warp(dst_local, stage, row_bytes, s, ctx.qp_handles, le);
         used_rdma = true;
       }
     }
     transport::complete_block_puts(__syncthreads_or(used_rdma), ctx.qp_handles);
-    __threadfence_system();
-    __syncthreads();
+    __syncthreads();  // every row of expert le is written (or its put issued)
     for (int r = threadIdx.x; r < d.num_ranks; r += blockDim.x) {
-      if (!rank_masked(ctx, r)) transport::set_flag(flags + e, make_flag(seq, 0), r, ctx.qp_handles, le);
+      if (s_masked[r] == 0) transport::set_flag(flags + e, make_flag(seq, 0), r, ctx.qp_handles, le);
     }
-  }
-  if (arrive_is_last_block(&ctx.counters->ll_combine_send_done) && threadIdx.x == 0) {
-    finish_send(ctx, &ctx.counters->ll_combine_outstanding, &ctx.counters->ll_combine_seq, seq,
-                ticket_out, kOpLlCombine);
-    profile_end(ctx, 2);
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
-    ll_combine_recv(LlContext ctx, const uint32_t* __restrict__ ticket,
-                    const int32_t* __restrict__ topk_idx,
-                    const float* __restrict__ topk_weights, int num_tokens,
-                    __nv_bfloat16* __restrict__ out) {
+__device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t seq,
+                                                  const int32_t* __restrict__ topk_idx,
+                                                  const float* __restrict__ topk_weights,
+                                                  int num_tokens,
+                                                  __nv_bfloat16* __restrict__ out,
+                                                  const int* s_masked, int first_expert,
+                                                  float first_weight) {
   __shared__ int s_expert[kMaxTopk];
   __shared__ float s_weight[kMaxTopk];
   const EpDims d = ctx.dims;
-  const uint32_t seq = ld_volatile_u32(ticket);
   const char* recv_base = ctx.buffers.combine_recv[seq & 1];
   const uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
-  profile_start(ctx, 3);
+  const int num_vec = d.hidden / 8;
 
   for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
     if (threadIdx.x < d.num_topk) {
       // Wait only for the experts this token uses (few pollers: polling every
       // flag from every block slows the peers' incoming NVLink writes).
-      const int e = topk_idx[t * d.num_topk + threadIdx.x];
-      bool valid = valid_expert(e, d.num_experts) && !rank_masked(ctx, e / d.experts_per_rank);
+      // The block's first token's routing was loaded at the kernel's start.
+      const bool first = t == static_cast<int>(blockIdx.x);
+      const int e = first ? first_expert : topk_idx[t * d.num_topk + threadIdx.x];
+      bool valid = valid_expert(e, d.num_experts) && s_masked[e / d.experts_per_rank] == 0;
       if (valid && ll_wait(ctx, flags + e, seq, kOpLlCombine, e / d.experts_per_rank,
                            e % d.experts_per_rank) == kFlagTimedOut &&
           rank_masked(ctx, e / d.experts_per_rank)) {
         valid = false;  // masked on this timeout: its experts contribute nothing
       }
       s_expert[threadIdx.x] = valid ? e : -1;
-      s_weight[threadIdx.x] = valid ? topk_weights[t * d.num_topk + threadIdx.x] : 0.0f;
+      s_weight[threadIdx.x] =
+          valid ? (first ? first_weight : topk_weights[t * d.num_topk + threadIdx.x]) : 0.0f;
     }
     __syncthreads();
     if (t == blockIdx.x) profile_waited(ctx, 3);
-    for (int v = threadIdx.x; v < d.hidden / 8; v += blockDim.x) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      // kBatch experts' loads in flight at once, then summed in k order.
-      constexpr int kBatch = 8;
+    // kVecs vectors x kBatch experts of loads in flight per thread, then
+    // summed in k order (the oracle's order, so results match it bit for bit).
+    constexpr int kVecs = 2;
+    constexpr int kBatch = 8;
+    for (int v0 = threadIdx.x; v0 < num_vec; v0 += kVecs * blockDim.x) {
+      float acc[kVecs][8];
+#pragma unroll
+      for (int u = 0; u < kVecs; ++u) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[u][i] = 0.0f;
+      }
       for (int k0 = 0; k0 < d.num_topk; k0 += kBatch) {
-        int4 raw[kBatch];
+        int4 raw[kVecs][kBatch];
 #pragma unroll
         for (int j = 0; j < kBatch; ++j) {
           const int k = k0 + j;
           const int e = k < d.num_topk ? s_expert[k] : -1;
-          if (e >= 0) {
-            raw[j] = ld_nc_v4(reinterpret_cast<const int4*>(
-                recv_base + (static_cast<size_t>(e) * d.max_tokens + t) * row_bytes) + v);
+          if (e < 0) continue;
+          const int4* src = reinterpret_cast<const int4*>(
+              recv_base + (static_cast<size_t>(e) * d.max_tokens + t) * row_bytes);
+#pragma unroll
+          for (int u = 0; u < kVecs; ++u) {
+            const int v = v0 + u * blockDim.x;
+            if (v < num_vec) raw[u][j] = ld_v4_no_alloc(src + v);
           }
         }
 #pragma unroll
         for (int j = 0; j < kBatch; ++j) {
           const int k = k0 + j;
           if (k >= d.num_topk || s_expert[k] < 0) continue;
-          const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[j]);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[i] += s_weight[k] * __bfloat162float(vals[i]);
+          for (int u = 0; u < kVecs; ++u) {
+            const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[u][j]);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[u][i] += s_weight[k] * __bfloat162float(vals[i]);
+          }
         }
       }
-      int4 packed;
-      __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) outv[j] = __float2bfloat16_rn(acc[j]);
-      reinterpret_cast<int4*>(out + static_cast<size_t>(t) * d.hidden)[v] = packed;
+      for (int u = 0; u < kVecs; ++u) {
+        const int v = v0 + u * blockDim.x;
+        if (v >= num_vec) continue;
+        int4 packed;
+        __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) outv[i] = __float2bfloat16_rn(acc[u][i]);
+        reinterpret_cast<int4*>(out + static_cast<size_t>(t) * d.hidden)[v] = packed;
+      }
     }
-    __syncthreads();
+    __syncthreads();  // s_expert/s_weight are rewritten for the next token
   }
-  if (arrive_is_last_block(&ctx.counters->ll_combine_recv_done) && threadIdx.x == 0) {
-    ctx.counters->ll_combine_outstanding = 0u;
-    profile_end(ctx, 3);
+}
+
+template <int kParts>
+__global__ void __launch_bounds__(kThreads, 1)
+    ll_combine(LlContext ctx, const __nv_bfloat16* __restrict__ y,
+               const int32_t* __restrict__ recv_src, const int32_t* __restrict__ count,
+               const int32_t* __restrict__ topk_idx, const float* __restrict__ topk_weights,
+               int num_tokens, uint32_t* __restrict__ ticket_out,
+               const uint32_t* __restrict__ ticket_in, __nv_bfloat16* __restrict__ out) {
+  constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
+  __shared__ int s_masked[kMaxRanks];
+  DeviceCounters* counters = ctx.counters;
+  const uint32_t seq =
+      kSend ? ld_volatile_u32(&counters->ll_combine_seq) + 1 : ld_volatile_u32(ticket_in);
+  // Loaded now, used after the send part: the rank mask and the routing of
+  // the block's first token.
+  int first_expert = -1;
+  float first_weight = 0.0f;
+  if (kRecv && threadIdx.x < ctx.dims.num_topk && static_cast<int>(blockIdx.x) < num_tokens) {
+    first_expert = topk_idx[blockIdx.x * ctx.dims.num_topk + threadIdx.x];
+    first_weight = topk_weights[blockIdx.x * ctx.dims.num_topk + threadIdx.x];
+  }
+  for (int r = threadIdx.x; r < ctx.dims.num_ranks; r += blockDim.x) s_masked[r] = rank_masked(ctx, r);
+  __syncthreads();
+  if constexpr (kSend) {
+    profile_start(ctx, 2);
+    combine_send_part(ctx, seq, y, recv_src, count, num_tokens, s_masked);
+    if constexpr (kRecv) profile_end_block0(ctx, 2);
+  }
+  if constexpr (kRecv) {
+    profile_start(ctx, 3);
+    combine_recv_part(ctx, seq, topk_idx, topk_weights, num_tokens, out, s_masked, first_expert,
+                      first_weight);
+  }
+  if (arrive_is_last_block_gpu(kSend ? &counters->ll_combine_send_done
+                                     : &counters->ll_combine_recv_done) &&
+      threadIdx.x == 0) {
+    if constexpr (kSend && kRecv) {
+      if (counters->ll_combine_outstanding != 0u) {
+        record_fault(ctx.status, kStatusProtocol, kOpLlCombine, ctx.dims.rank, 0);
+      }
+      counters->ll_combine_seq = seq;
+      profile_end(ctx, 3);
+    } else if constexpr (kSend) {
+      finish_send(ctx, &counters->ll_combine_outstanding, &counters->ll_combine_seq, seq,
+                  ticket_out, kOpLlCombine);
+      profile_end(ctx, 2);
+    } else {
+      counters->ll_combine_outstanding = 0u;
+      profile_end(ctx, 3);
+    }
   }
 }
 
@@ -557,70 +752,100 @@ int GridSize(const LlContext& ctx, int work) {
 cudaError_t LaunchLlDispatchSend(const LlContext& ctx, const void* x, const int32_t* topk_idx,
                                  int num_tokens, bool use_fp8, int32_t* num_invalid,
                                  uint32_t* ticket, cudaStream_t stream) {
+  const size_t smem = DispatchSendSmem(num_tokens, ctx.dims);
+  if (smem > kMaxDynamicSmem) return cudaErrorInvalidConfiguration;
   const int grid = GridSize(ctx, num_tokens);
   const auto* rows = static_cast<const __nv_bfloat16*>(x);
-  if (use_fp8) {
-    ll_dispatch_send<true><<<grid, kThreads, 0, stream>>>(ctx, rows, topk_idx, num_tokens,
-                                                          num_invalid, ticket);
-  } else {
-    ll_dispatch_send<false><<<grid, kThreads, 0, stream>>>(ctx, rows, topk_idx, num_tokens,
-                                                           num_invalid, ticket);
-  }
+  auto kernel = use_fp8 ? ll_dispatch<true, kSendPart> : ll_dispatch<false, kSendPart>;
+  kernel<<<grid, kThreads, smem, stream>>>(ctx, rows, topk_idx, num_tokens, num_invalid, ticket,
+                                           nullptr, nullptr, nullptr, nullptr, nullptr);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchLlDispatchRecv(const LlContext& ctx, const uint32_t* ticket, int num_tokens,
                                  bool use_fp8, void* out_x, float* out_scales, int32_t* out_count,
                                  int32_t* out_recv_src, cudaStream_t stream) {
-  if (ticket == nullptr) ticket = &ctx.counters->ll_dispatch_seq;
-  const size_t smem = 2 * sizeof(uint32_t) * ctx.dims.num_ranks * ((num_tokens + 31) / 32);
-  if (smem > kMaxDynamicSmem) return cudaErrorInvalidConfiguration;
+  if (ticket == nullptr) ticket = &ctx.counters->ll_dispatch_seq;  // right after its send
   const int grid = GridSize(ctx, ctx.dims.experts_per_rank);
-  if (use_fp8) {
-    ll_dispatch_recv<true><<<grid, kThreads, smem, stream>>>(ctx, ticket, num_tokens, out_x,
-                                                             out_scales, out_count, out_recv_src);
-  } else {
-    ll_dispatch_recv<false><<<grid, kThreads, smem, stream>>>(ctx, ticket, num_tokens, out_x,
-                                                              out_scales, out_count, out_recv_src);
-  }
+  auto kernel = use_fp8 ? ll_dispatch<true, kRecvPart> : ll_dispatch<false, kRecvPart>;
+  kernel<<<grid, kThreads, 0, stream>>>(ctx, nullptr, nullptr, num_tokens, nullptr, nullptr,
+                                        ticket, out_x, out_scales, out_count, out_recv_src);
   return cudaGetLastError();
 }
+
+cudaError_t LaunchLlDispatch(const LlContext& ctx, const void* x, const int32_t* topk_idx,
+                             int num_tokens, bool use_fp8, int32_t* num_invalid, void* out_x,
+                             float* out_scales, int32_t* out_count, int32_t* out_recv_src,
+                             cudaStream_t stream) {
+  const size_t smem = DispatchSendSmem(num_tokens, ctx.dims);
+  if (smem > kMaxDynamicSmem) return cudaErrorInvalidConfiguration;
+  const int grid = GridSize(ctx, std::max(num_tokens, ctx.dims.experts_per_rank));
+  const auto* rows = static_cast<const __nv_bfloat16*>(x);
+  auto kernel = use_fp8 ? ll_dispatch<true, kBothParts> : ll_dispatch<false, kBothParts>;
+  kernel<<<grid, kThreads, smem, stream>>>(ctx, rows, topk_idx, num_tokens, num_invalid, nullptr,
+                                           nullptr, out_x, out_scales, out_count, out_recv_src);
+  return cudaGetLastError();
+}
+
+size_t LlDispatchSmemBytes(int num_tokens, const EpDims& dims) {
+  return DispatchSendSmem(num_tokens, dims);
+}
+
+size_t LlMaxDynamicSmemBytes() { return kMaxDynamicSmem; }
 
 cudaError_t LaunchLlCombineSend(const LlContext& ctx, const void* y, const int32_t* recv_src,
                                 const int32_t* count, int num_tokens, uint32_t* ticket,
                                 cudaStream_t stream) {
   const int grid = GridSize(ctx, ctx.dims.experts_per_rank);
-  ll_combine_send<<<grid, kThreads, 0, stream>>>(ctx, static_cast<const __nv_bfloat16*>(y),
-                                                 recv_src, count, num_tokens, ticket);
+  ll_combine<kSendPart><<<grid, kThreads, 0, stream>>>(
+      ctx, static_cast<const __nv_bfloat16*>(y), recv_src, count, nullptr, nullptr, num_tokens,
+      ticket, nullptr, nullptr);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchLlCombineRecv(const LlContext& ctx, const uint32_t* ticket,
                                 const int32_t* topk_idx, const float* topk_weights,
                                 int num_tokens, void* out, cudaStream_t stream) {
-  if (ticket == nullptr) ticket = &ctx.counters->ll_combine_seq;
-  const int grid = GridSize(ctx, std::max(num_tokens, 1));
-  ll_combine_recv<<<grid, kThreads, 0, stream>>>(ctx, ticket, topk_idx, topk_weights, num_tokens,
-                                                 static_cast<__nv_bfloat16*>(out));
+  if (ticket == nullptr) ticket = &ctx.counters->ll_combine_seq;  // right after its send
+  const int grid = GridSize(ctx, num_tokens);
+  ll_combine<kRecvPart><<<grid, kThreads, 0, stream>>>(
+      ctx, nullptr, nullptr, nullptr, topk_idx, topk_weights, num_tokens, nullptr, ticket,
+      static_cast<__nv_bfloat16*>(out));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchLlCombine(const LlContext& ctx, const void* y, const int32_t* recv_src,
+                            const int32_t* count, const int32_t* topk_idx,
+                            const float* topk_weights, int num_tokens, void* out,
+                            cudaStream_t stream) {
+  const int grid = GridSize(ctx, std::max(num_tokens, ctx.dims.experts_per_rank));
+  ll_combine<kBothParts><<<grid, kThreads, 0, stream>>>(
+      ctx, static_cast<const __nv_bfloat16*>(y), recv_src, count, topk_idx, topk_weights,
+      num_tokens, nullptr, nullptr, static_cast<__nv_bfloat16*>(out));
   return cudaGetLastError();
 }
 
 cudaError_t PrepareLlKernels() {
   // Load every kernel now (not lazily inside a call while peers spin) and
-  // allow large dynamic shared memory for the receive bitmaps.
+  // allow large dynamic shared memory for the send part's routing tables.
   const int max_smem = static_cast<int>(kMaxDynamicSmem);
   cudaError_t err = cudaSuccess;
-  for (const void* kernel : {reinterpret_cast<const void*>(ll_dispatch_send<false>),
-                             reinterpret_cast<const void*>(ll_dispatch_send<true>),
-                             reinterpret_cast<const void*>(ll_dispatch_recv<false>),
-                             reinterpret_cast<const void*>(ll_dispatch_recv<true>)}) {
+  for (const void* kernel : {reinterpret_cast<const void*>(ll_dispatch<false, kSendPart>),
+                             reinterpret_cast<const void*>(ll_dispatch<true, kSendPart>),
+                             reinterpret_cast<const void*>(ll_dispatch<false, kBothParts>),
+                             reinterpret_cast<const void*>(ll_dispatch<true, kBothParts>)}) {
     if (err == cudaSuccess) {
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
     }
   }
   cudaFuncAttributes attrs;
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ll_combine_send);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ll_combine_recv);
+  for (const void* kernel : {reinterpret_cast<const void*>(ll_dispatch<false, kRecvPart>),
+                             reinterpret_cast<const void*>(ll_dispatch<true, kRecvPart>),
+                             reinterpret_cast<const void*>(ll_combine<kSendPart>),
+                             reinterpret_cast<const void*>(ll_combine<kRecvPart>),
+                             reinterpret_cast<const void*>(ll_combine<kBothParts>)}) {
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, kernel);
+  }
   return err;
 }
 

@@ -113,7 +113,10 @@ if [[ ( "$WHAT" == all || "$WHAT" == bench || "$WHAT" == ht ) && -f jax_ep/bench
   else
     bench ht --sm_sweep 8,16,24,32,48 --sweep --plot "$OUT/ht_sweep.png"
     if [[ "${RAGGED_TIMEOUT_S:-240}" != 0 ]]; then
-      BENCH_TIMEOUT_S=${RAGGED_TIMEOUT_S:-240} bench ht --ragged
+      # XLA's multi-process NCCL send/recv fallback hangs on a second execution
+      # (jax 0.11.2); the dense decomposer runs (tools/ragged_probe.sh, 2026-11-30).
+      XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_unsupported_enable_ragged_all_to_all_decomposer=true" \
+          BENCH_TIMEOUT_S=${RAGGED_TIMEOUT_S:-240} bench ht --ragged
     fi
   fi
 fi

@@ -115,17 +115,20 @@ NB_MODULE(_jax_ep_cuda, m) {
   m.def("read_profile", []() {
     jax_ep::cuda::DeviceProfile p;
     Check(Runtime::Get().ReadProfile(&p));
-    const char* names[4] = {"ll_dispatch_send", "ll_dispatch_recv", "ll_combine_send",
-                            "ll_combine_recv"};
+    const char* names[jax_ep::cuda::kProfileSlots] = {
+        "ll_dispatch_send", "ll_dispatch_recv", "ll_combine_send", "ll_combine_recv",
+        "ht_notify", "ht_dispatch_send_role", "ht_dispatch_recv_role", "ht_combine_send",
+        "ht_combine_recv"};
     nb::dict d;
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < jax_ep::cuda::kProfileSlots; ++k) {
       if (p.calls[k] == 0) continue;
       const double n = static_cast<double>(p.calls[k]);
       nb::dict e;
       e["calls"] = p.calls[k];
       e["kernel_us"] = p.total_ns[k] / n / 1e3;
-      e["wait_us"] = p.wait_ns[k] / n / 1e3;
-      e["gap_after_send_us"] = p.gap_ns[k] / n / 1e3;
+      // Per block and call where several blocks wait (HT receive roles).
+      e["wait_us"] = p.wait_ns[k] / (p.blocks[k] ? static_cast<double>(p.blocks[k]) : n) / 1e3;
+      if (k < 4) e["gap_after_send_us"] = p.gap_ns[k] / n / 1e3;
       d[names[k]] = e;
     }
     return d;

@@ -57,6 +57,8 @@ def main(argv):
                         sm_sweep=tuple(int(n) for n in FLAGS.sm_sweep))
   results.update(meta=meta, rows=rows)
   if jax.process_index() == 0:
+    if FLAGS.out:  # first: a failure while printing must not lose the numbers
+      common.write_json(FLAGS.out, results)
     brief = {k: v for k, v in meta.items() if k not in ("sweep", "kernel_profile", "sm_sweep")}
     common.print_table(rows, f"jax_ep bench --mode {FLAGS.mode} on {results['device']} "
                              f"({results['date']}): {brief}")
@@ -64,13 +66,12 @@ def main(argv):
       print("in-kernel profile (rank 0, us per call):")
       for label, kernels in meta["kernel_profile"].items():
         print(f"  {label}: " + "; ".join(
-            f"{k} kernel {v['kernel_us']:.1f} wait {v['wait_us']:.1f} gap {v['gap_after_send_us']:.1f}"
+            f"{k} kernel {v['kernel_us']:.1f} wait {v['wait_us']:.1f}"
+            + (f" gap {v['gap_after_send_us']:.1f}" if "gap_after_send_us" in v else "")
             for k, v in kernels.items()))
     for point in meta.get("sm_sweep", []):
       print("SM budget " + ", ".join(f"{k}: {v:.1f} us" if isinstance(v, float) else f"{k}={v}"
                                      for k, v in point.items()))
-    if FLAGS.out:
-      common.write_json(FLAGS.out, results)
   jax_ep.finalize()
   sys.stdout.flush()
 

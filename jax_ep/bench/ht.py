@@ -13,6 +13,8 @@ over time) and the bytes that crossed NVLink per direction.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,6 +98,16 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     w = rng.random((t, num_topk)).astype(np.float32)
     calls = lambda slow: max(2, num_calls // 10) if slow else num_calls  # noqa: E731
 
+    def profiled(label, op, *args):
+      """time(); with JAX_EP_PROFILE=1 also the in-kernel breakdown (rank 0's)."""
+      cuda = jax_ep.runtime_state().cuda
+      if cuda is None or os.environ.get("JAX_EP_PROFILE") != "1":
+        return time(label, op, *args)
+      cuda.module.read_profile()  # resets the counters
+      us = time(label, op, *args)
+      profiles[f"tokens={t} num_sms={num_sms} {label}"] = cuda.module.read_profile()
+      return us
+
     def time(label, op, *args, slow=False):
       """Median us per call, or None if this system cannot run here (noted in the log).
       `slow`: the ragged_all_to_all baseline, timed by single executions
@@ -139,14 +151,14 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
           lambda x, i: _ragged_combine(*_ragged_dispatch(x, i, config), t, config), x, idx,
           slow=True)
       return results, received, remote
-    results["dispatch BF16", "jax_ep"] = time(
+    results["dispatch BF16", "jax_ep"] = profiled(
         "dispatch BF16, jax_ep",
         lambda x, i, w: jax_ep.dispatch(x, i, w, config=config), x, idx, w)
-    results["dispatch FP8", "jax_ep"] = time(
+    results["dispatch FP8", "jax_ep"] = profiled(
         "dispatch FP8, jax_ep",
         lambda q, s, i, w: jax_ep.dispatch((q, s), i, w, config=config),
         *[np.asarray(a) for a in jax.jit(jax_ep.fp8.quantize)(x)], idx, w)
-    results["combine BF16", "jax_ep"] = time(
+    results["combine BF16", "jax_ep"] = profiled(
         "combine BF16, jax_ep",
         lambda y, s, r, k: jax_ep.combine(y, handle(s, r, k), config=config),
         y, recv_src, send_row, kept)
@@ -160,12 +172,15 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     if bare:
       results["layout", "jax_ep"] = time(
           "layout, jax_ep", lambda i: jax_ep.get_dispatch_layout(i, config=config), idx)
+      results["layout", "all_to_all"] = time(
+          "layout, portable", lambda i: portable.layout(i, config)[1:], idx)
       results["bare all_to_all", "jax.lax.all_to_all"] = time(
         "bare all_to_all, jax.lax.all_to_all",
           lambda x: jax.lax.all_to_all(x.reshape(num_ranks, -1, hidden), "ep", 0, 0, tiled=True),
           np.tile(x, (num_ranks, 1)))
     return results, received, remote
 
+  profiles: dict = {}  # filled by measure() with JAX_EP_PROFILE=1
   results, received, remote = measure(tokens, bare=True)
   bytes_of = {"BF16": 2 * hidden, "FP8": hidden + 4 * (hidden // 128)}
   for (name, system), us in results.items():
@@ -176,7 +191,10 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     if system == "jax_ep":
       base = results.get((name.replace("FP8", "BF16"), "all_to_all"))
     if name == "layout":  # no rows move: time only
-      rows.append(Row("get_dispatch_layout", "jax_ep (fused jnp; docs/benchmarks.md)", us))
+      label = "get_dispatch_layout"
+      rows.append(Row(label, f"jax_ep ({jax_ep.runtime_state().backend_name} backend)"
+                      if system == "jax_ep" else "portable (jnp)",
+                      us, gbps=None, nvlink_gbps=None, baseline_us=base))
       continue
     system = {"all_to_all": "all_to_all (portable)",
               "jax_ep": f"jax_ep ({jax_ep.runtime_state().backend_name} backend)"}.get(
@@ -188,6 +206,8 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
                     nvlink_gbps=remote * width / us / 1e3 if name != "bare all_to_all" else None,
                     baseline_us=base))
   meta.update(received_rows=received, remote_rows=remote)
+  if profiles:
+    meta["kernel_profile"] = profiles
   if ragged:
     return rows, meta
   if sm_sweep:

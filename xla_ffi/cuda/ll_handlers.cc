@@ -59,9 +59,8 @@ const uint32_t* Ticket(const S32Scalar& ticket) {
 constexpr const char* kDispatch = "low_latency_dispatch";
 constexpr const char* kCombine = "low_latency_combine";
 
-ffi::Error DispatchSend(const cuda::Runtime& runtime, cudaStream_t stream, bool use_fp8,
-                        const ffi::AnyBuffer& x, const S32Matrix& topk_idx, int32_t* num_invalid,
-                        uint32_t* ticket) {
+ffi::Error CheckDispatchInputs(const cuda::Runtime& runtime, bool use_fp8,
+                               const ffi::AnyBuffer& x, const S32Matrix& topk_idx) {
   const cuda::EpDims& d = runtime.dims();
   if (x.element_type() != ffi::DataType::BF16) {
     return ffi::Error::InvalidArgument("jax_ep low_latency_dispatch: x must be bfloat16");
@@ -76,16 +75,20 @@ ffi::Error DispatchSend(const cuda::Runtime& runtime, cudaStream_t stream, bool 
         "jax_ep low_latency_dispatch: topk_idx must be [tokens, K] with K <= 32, and hidden a "
         "multiple of 8 (128 with FP8)");
   }
-  return LaunchError(kDispatch, cuda::LaunchLlDispatchSend(
-                                    runtime.ll_context(), x.untyped_data(), topk_idx.typed_data(),
-                                    static_cast<int>(num_tokens), use_fp8, num_invalid, ticket,
-                                    stream));
+  const size_t smem = cuda::LlDispatchSmemBytes(static_cast<int>(num_tokens), d);
+  if (smem > cuda::LlMaxDynamicSmemBytes()) {
+    return ffi::Error::InvalidArgument(
+        "jax_ep low_latency_dispatch: " + std::to_string(num_tokens) + " tokens x top-" +
+        std::to_string(d.num_topk) + " with " + std::to_string(d.num_experts) +
+        " experts need " + std::to_string(smem) + " bytes of shared memory per block, more than "
+        "the " + std::to_string(cuda::LlMaxDynamicSmemBytes()) +
+        " the LL kernels use; send fewer tokens per call or use jax_ep.dispatch (high throughput)");
+  }
+  return ffi::Error::Success();
 }
 
-ffi::Error DispatchRecv(const cuda::Runtime& runtime, cudaStream_t stream, bool use_fp8,
-                        int64_t num_tokens, const uint32_t* ticket, ffi::Result<ffi::AnyBuffer>& x,
-                        ffi::Result<F32Rank3>& scales, ffi::Result<S32Vector>& count,
-                        ffi::Result<S32Matrix>& recv_src) {
+ffi::Error CheckDispatchOutputs(const cuda::Runtime& runtime, bool use_fp8, int64_t num_tokens,
+                                ffi::Result<ffi::AnyBuffer>& x, ffi::Result<F32Rank3>& scales) {
   const cuda::EpDims& d = runtime.dims();
   auto x_dims = x->dimensions();
   if (x_dims.size() != 3 || x_dims[0] != d.experts_per_rank ||
@@ -98,16 +101,12 @@ ffi::Error DispatchRecv(const cuda::Runtime& runtime, cudaStream_t stream, bool 
       num_tokens > d.max_tokens) {
     return ffi::Error::InvalidArgument("jax_ep low_latency_dispatch: bad scales shape or tokens");
   }
-  return LaunchError(kDispatch, cuda::LaunchLlDispatchRecv(
-                                    runtime.ll_context(), ticket, static_cast<int>(num_tokens),
-                                    use_fp8, x->untyped_data(),
-                                    use_fp8 ? scales->typed_data() : nullptr, count->typed_data(),
-                                    recv_src->typed_data(), stream));
+  return ffi::Error::Success();
 }
 
-ffi::Error CombineSend(const cuda::Runtime& runtime, cudaStream_t stream, int64_t num_tokens,
-                       const ffi::AnyBuffer& y, const S32Matrix& recv_src,
-                       const S32Vector& count, uint32_t* ticket) {
+ffi::Error CheckCombineInputs(const cuda::Runtime& runtime, int64_t num_tokens,
+                              const ffi::AnyBuffer& y, const S32Matrix& recv_src,
+                              const S32Vector& count) {
   const cuda::EpDims& d = runtime.dims();
   const int64_t rows = static_cast<int64_t>(d.num_ranks) * d.max_tokens;
   auto y_dims = y.dimensions();
@@ -121,15 +120,11 @@ ffi::Error CombineSend(const cuda::Runtime& runtime, cudaStream_t stream, int64_
       num_tokens < 0 || num_tokens > d.max_tokens) {
     return ffi::Error::InvalidArgument("jax_ep low_latency_combine: handle shapes do not match");
   }
-  return LaunchError(kCombine, cuda::LaunchLlCombineSend(
-                                   runtime.ll_context(), y.untyped_data(), recv_src.typed_data(),
-                                   count.typed_data(), static_cast<int>(num_tokens), ticket,
-                                   stream));
+  return ffi::Error::Success();
 }
 
-ffi::Error CombineRecv(const cuda::Runtime& runtime, cudaStream_t stream, const uint32_t* ticket,
-                       const S32Matrix& topk_idx, const F32Matrix& topk_weights,
-                       ffi::Result<ffi::AnyBuffer>& out) {
+ffi::Error CheckCombineOutputs(const cuda::Runtime& runtime, const S32Matrix& topk_idx,
+                               const F32Matrix& topk_weights, ffi::Result<ffi::AnyBuffer>& out) {
   const cuda::EpDims& d = runtime.dims();
   const int64_t num_tokens = topk_idx.dimensions()[0];
   if (topk_idx.dimensions()[1] != d.num_topk || topk_weights.dimensions()[0] != num_tokens ||
@@ -137,14 +132,13 @@ ffi::Error CombineRecv(const cuda::Runtime& runtime, cudaStream_t stream, const 
     return ffi::Error::InvalidArgument("jax_ep low_latency_combine: topk_idx/topk_weights must be "
                                        "[tokens, K] and the output bfloat16");
   }
-  if (auto err = CheckTokens(kCombine, out->dimensions(), d.hidden, d.max_tokens); err.failure()) {
-    return err;
-  }
-  return LaunchError(kCombine, cuda::LaunchLlCombineRecv(
-                                   runtime.ll_context(), ticket, topk_idx.typed_data(),
-                                   topk_weights.typed_data(), static_cast<int>(num_tokens),
-                                   out->untyped_data(), stream));
+  return CheckTokens(kCombine, out->dimensions(), d.hidden, d.max_tokens);
 }
+
+#define JAX_EP_RETURN_IF_ERROR(expr)    \
+  if (auto err = (expr); err.failure()) { \
+    return err;                           \
+  }
 
 #define JAX_EP_RUNTIME_OR_RETURN(op)                                                          \
   auto runtime_or = RuntimeFor(op, {num_ranks, num_experts, hidden, max_tokens, num_topk},    \
@@ -152,7 +146,7 @@ ffi::Error CombineRecv(const cuda::Runtime& runtime, cudaStream_t stream, const 
   if (runtime_or.has_error()) return runtime_or.error();                                      \
   const cuda::Runtime& runtime = **runtime_or
 
-// ---- one-call ops: send and recv kernels back to back from one custom call.
+// ---- one-call ops: one kernel runs the send and the receive part.
 ffi::Error LlDispatchImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
                           int64_t num_experts, int64_t hidden, int64_t max_tokens,
                           int64_t num_topk, bool use_fp8, ffi::AnyBuffer x, S32Matrix topk_idx,
@@ -160,13 +154,15 @@ ffi::Error LlDispatchImpl(cudaStream_t stream, int32_t device, int64_t num_ranks
                           ffi::Result<S32Vector> out_count, ffi::Result<S32Matrix> out_recv_src,
                           ffi::Result<S32Scalar> num_invalid) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
-  if (auto err = DispatchSend(runtime, stream, use_fp8, x, topk_idx, num_invalid->typed_data(),
-                              nullptr);
-      err.failure()) {
-    return err;
-  }
-  return DispatchRecv(runtime, stream, use_fp8, x.dimensions()[0], nullptr, out_x, out_scales,
-                      out_count, out_recv_src);
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchInputs(runtime, use_fp8, x, topk_idx));
+  const int64_t num_tokens = x.dimensions()[0];
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchOutputs(runtime, use_fp8, num_tokens, out_x, out_scales));
+  return LaunchError(kDispatch, cuda::LaunchLlDispatch(
+                                    runtime.ll_context(), x.untyped_data(), topk_idx.typed_data(),
+                                    static_cast<int>(num_tokens), use_fp8,
+                                    num_invalid->typed_data(), out_x->untyped_data(),
+                                    use_fp8 ? out_scales->typed_data() : nullptr,
+                                    out_count->typed_data(), out_recv_src->typed_data(), stream));
 }
 
 ffi::Error LlCombineImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
@@ -175,12 +171,14 @@ ffi::Error LlCombineImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
                          S32Matrix topk_idx, F32Matrix topk_weights,
                          ffi::Result<ffi::AnyBuffer> out) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
-  if (auto err = CombineSend(runtime, stream, topk_idx.dimensions()[0], y, recv_src, count,
-                             nullptr);
-      err.failure()) {
-    return err;
-  }
-  return CombineRecv(runtime, stream, nullptr, topk_idx, topk_weights, out);
+  const int64_t num_tokens = topk_idx.dimensions()[0];
+  JAX_EP_RETURN_IF_ERROR(CheckCombineInputs(runtime, num_tokens, y, recv_src, count));
+  JAX_EP_RETURN_IF_ERROR(CheckCombineOutputs(runtime, topk_idx, topk_weights, out));
+  return LaunchError(kCombine, cuda::LaunchLlCombine(
+                                   runtime.ll_context(), y.untyped_data(), recv_src.typed_data(),
+                                   count.typed_data(), topk_idx.typed_data(),
+                                   topk_weights.typed_data(), static_cast<int>(num_tokens),
+                                   out->untyped_data(), stream));
 }
 
 // ---- split ops (overlap): the send hands a ticket to its recv.
@@ -190,8 +188,11 @@ ffi::Error LlDispatchSendImpl(cudaStream_t stream, int32_t device, int64_t num_r
                               S32Matrix topk_idx, ffi::Result<S32Scalar> num_invalid,
                               ffi::Result<S32Scalar> ticket) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
-  return DispatchSend(runtime, stream, use_fp8, x, topk_idx, num_invalid->typed_data(),
-                      Ticket(ticket));
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchInputs(runtime, use_fp8, x, topk_idx));
+  return LaunchError(kDispatch, cuda::LaunchLlDispatchSend(
+                                    runtime.ll_context(), x.untyped_data(), topk_idx.typed_data(),
+                                    static_cast<int>(x.dimensions()[0]), use_fp8,
+                                    num_invalid->typed_data(), Ticket(ticket), stream));
 }
 
 ffi::Error LlDispatchRecvImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
@@ -201,8 +202,12 @@ ffi::Error LlDispatchRecvImpl(cudaStream_t stream, int32_t device, int64_t num_r
                               ffi::Result<F32Rank3> out_scales, ffi::Result<S32Vector> out_count,
                               ffi::Result<S32Matrix> out_recv_src) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
-  return DispatchRecv(runtime, stream, use_fp8, num_tokens, Ticket(ticket), out_x, out_scales,
-                      out_count, out_recv_src);
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchOutputs(runtime, use_fp8, num_tokens, out_x, out_scales));
+  return LaunchError(kDispatch, cuda::LaunchLlDispatchRecv(
+                                    runtime.ll_context(), Ticket(ticket),
+                                    static_cast<int>(num_tokens), use_fp8, out_x->untyped_data(),
+                                    use_fp8 ? out_scales->typed_data() : nullptr,
+                                    out_count->typed_data(), out_recv_src->typed_data(), stream));
 }
 
 ffi::Error LlCombineSendImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
@@ -210,7 +215,11 @@ ffi::Error LlCombineSendImpl(cudaStream_t stream, int32_t device, int64_t num_ra
                              int64_t num_topk, int64_t num_tokens, ffi::AnyBuffer y,
                              S32Matrix recv_src, S32Vector count, ffi::Result<S32Scalar> ticket) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
-  return CombineSend(runtime, stream, num_tokens, y, recv_src, count, Ticket(ticket));
+  JAX_EP_RETURN_IF_ERROR(CheckCombineInputs(runtime, num_tokens, y, recv_src, count));
+  return LaunchError(kCombine, cuda::LaunchLlCombineSend(
+                                   runtime.ll_context(), y.untyped_data(), recv_src.typed_data(),
+                                   count.typed_data(), static_cast<int>(num_tokens),
+                                   Ticket(ticket), stream));
 }
 
 ffi::Error LlCombineRecvImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
@@ -218,7 +227,12 @@ ffi::Error LlCombineRecvImpl(cudaStream_t stream, int32_t device, int64_t num_ra
                              int64_t num_topk, S32Scalar ticket, S32Matrix topk_idx,
                              F32Matrix topk_weights, ffi::Result<ffi::AnyBuffer> out) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
-  return CombineRecv(runtime, stream, Ticket(ticket), topk_idx, topk_weights, out);
+  JAX_EP_RETURN_IF_ERROR(CheckCombineOutputs(runtime, topk_idx, topk_weights, out));
+  return LaunchError(kCombine, cuda::LaunchLlCombineRecv(
+                                   runtime.ll_context(), Ticket(ticket), topk_idx.typed_data(),
+                                   topk_weights.typed_data(),
+                                   static_cast<int>(topk_idx.dimensions()[0]),
+                                   out->untyped_data(), stream));
 }
 
 }  // namespace
