@@ -21,3 +21,16 @@ def test_single_shot_runs_each_program_once():
   assert len(calls) == (2 + 5 + 1) * jax.device_count()  # one callback per call and shard
   assert result.repeats == 1 and result.calls_per_loop == 5
   assert np.isfinite(result.median_us)
+
+
+def test_ragged_baseline_is_single_shot_unless_the_decomposer_is_on(monkeypatch):
+  """Without XLA's ragged_all_to_all decomposer the baseline runs single-shot (the
+  NCCL send/recv fallback hung on a second execution); with it, the slope harness."""
+  from jax_ep.bench import ht  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+  assert ht._ragged_needs_single_shot()  # pylint: disable=protected-access
+  monkeypatch.setenv("XLA_FLAGS", f"--foo=1 {ht.RAGGED_DECOMPOSER_FLAG}")
+  assert not ht._ragged_needs_single_shot()  # pylint: disable=protected-access
+  monkeypatch.delenv("XLA_FLAGS")
+  assert ht._ragged_needs_single_shot()  # pylint: disable=protected-access
