@@ -45,6 +45,15 @@ def cached_routing(send_row: jax.Array, config: EpConfig) -> jax.Array:
 
 
 HT_MAX_RANKS = 8  # cuda/ht_launch.h kHtMaxRanks: one NVLink domain
+LL_MAX_ROUTING_BYTES = 200 * 1024  # cuda/ll_kernels.cu kMaxDynamicSmem
+
+
+def ll_routing_fits(num_tokens: int, config: EpConfig, num_ranks: int) -> bool:
+  """Whether the LL dispatch kernel can hold this call's routing in shared memory:
+  every token's top-k, two expert histograms and the rank mask, 4 bytes each
+  (cuda/ll_kernels.cu DispatchSendSmem). Larger calls take the portable path."""
+  entries = num_tokens * config.num_topk + 2 * config.num_experts + num_ranks
+  return 4 * entries <= LL_MAX_ROUTING_BYTES
 
 
 class CudaBackend(XlaBackend):
@@ -133,9 +142,10 @@ class CudaBackend(XlaBackend):
     return (x_dtype == jnp.bfloat16 and config.num_topk <= 32 and config.hidden % 8 == 0)
 
   def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool):
-    if not self.ll_kernel_supports(x.dtype, config):
-      return super().ll_dispatch(x, topk_idx, config, use_fp8)
     num_ranks = jax.lax.axis_size(config.axis_name)
+    if (not self.ll_kernel_supports(x.dtype, config)
+        or not ll_routing_fits(x.shape[0], config, num_ranks)):
+      return super().ll_dispatch(x, topk_idx, config, use_fp8)
     if config.debug_checks:
       self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index
     results = self._recv_results(config, num_ranks, use_fp8, x) + (result_type((), I32, x),)
@@ -170,9 +180,10 @@ class CudaBackend(XlaBackend):
   def ll_dispatch_send(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig,
                        use_fp8: bool):
     """Starts an LL dispatch; returns (num_invalid, ticket) for ll_dispatch_recv."""
-    if not self.ll_kernel_supports(x.dtype, config):
-      return super().ll_dispatch_send(x, topk_idx, config, use_fp8)
     num_ranks = jax.lax.axis_size(config.axis_name)
+    if (not self.ll_kernel_supports(x.dtype, config)
+        or not ll_routing_fits(x.shape[0], config, num_ranks)):
+      return super().ll_dispatch_send(x, topk_idx, config, use_fp8)
     if config.debug_checks:
       self.layout(topk_idx, config)
     return _call("jax_ep_ll_dispatch_send", (result_type((), I32, x), result_type((), I32, x)),

@@ -17,10 +17,10 @@ from jax_ep.runtime import lowering_only
 CONFIG = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=8, num_topk=4)
 
 
-def _lower_for_cuda(fn, *shapes):
+def _lower_for_cuda(fn, *shapes, config=CONFIG):
   mesh = jax.make_mesh((2,), ("ep",), devices=jax.devices()[:2])
   args = [jax.ShapeDtypeStruct(s, d, sharding=NamedSharding(mesh, P("ep"))) for s, d in shapes]
-  with lowering_only(CONFIG, mesh, backend="cuda"):
+  with lowering_only(config, mesh, backend="cuda"):
     mapped = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
     return mapped.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
@@ -141,6 +141,33 @@ def test_portable_payloads_stay_portable_on_cuda():
   text = _lower_for_cuda(fn, ((16, 256), jnp.float32), ((16, 4), jnp.int32),
                          ((16, 4), jnp.float32))
   assert "all_to_all" in text and "jax_ep_ll_" not in text and "jax_ep_cpu_" not in text
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_low_latency_dispatch_past_the_kernels_routing_limit_takes_the_portable_path(split):
+  """The LL dispatch kernel holds every token's routing in shared memory (200 KB);
+  a larger call lowers to the portable exchange, and its combine still runs on the
+  kernel (the handle is the same either way)."""
+  from jax_ep.backends import cuda as cuda_backend  # pylint: disable=import-outside-toplevel
+
+  big = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=7000, num_topk=8)
+  assert not cuda_backend.ll_routing_fits(7000, big, 2)
+  assert cuda_backend.ll_routing_fits(6000, big, 2)
+
+  def fn(x, idx, w):
+    if split:
+      d = jax_ep.low_latency_dispatch_recv(
+          jax_ep.low_latency_dispatch_send(x, idx, config=big), config=big)
+    else:
+      d = jax_ep.low_latency_dispatch(x, idx, config=big)
+    return jax_ep.low_latency_combine(d.x, idx, w, d.handle, config=big)
+
+  text = _lower_for_cuda(fn, ((14000, 256), jnp.bfloat16), ((14000, 8), jnp.int32),
+                         ((14000, 8), jnp.float32), config=big)
+  targets = _targets(_custom_calls(text))
+  assert "all_to_all" in text
+  assert not any(t.startswith("jax_ep_ll_dispatch") for t in targets), targets
+  assert "jax_ep_ll_combine" in targets, targets
 
 
 def test_buffer_bytes_formula():
