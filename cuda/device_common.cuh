@@ -94,16 +94,19 @@ __device__ __forceinline__ void st_na_v4(int4* ptr, const int4& v) {
 }
 
 // Warp-collective batched load: lane `lane` loads vectors base + u*32 + lane
-// (u < kUnroll, those below num_vec) of `src`, all in flight at once. Data
-// written by peers or other blocks may be read this way once its flag or
-// counter was acquired.
-template <int kUnroll>
+// (u < kUnroll, those below num_vec) of `src`, all in flight at once.
+// kCoherent = false: ld.global.nc, for data that is read-only for the whole
+// kernel (the HT receivers also read peer-written rows this way once their
+// counter was acquired, as DeepEP does; PTX leaves that undefined). kCoherent =
+// true: coherent weak loads, for data another block or a peer wrote during this
+// kernel and published by a flag or counter this thread's block acquired.
+template <int kUnroll, bool kCoherent = false>
 __device__ __forceinline__ void warp_load_batch(int4 (&batch)[kUnroll], const int4* src, int base,
                                                 int num_vec, int lane) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int v = base + u * kWarpSize + lane;
-    if (v < num_vec) batch[u] = ld_nc_v4(src + v);
+    if (v < num_vec) batch[u] = kCoherent ? ld_v4_no_alloc(src + v) : ld_nc_v4(src + v);
   }
 }
 
@@ -120,28 +123,12 @@ __device__ __forceinline__ void warp_store_batch(int4* dst, const int4 (&batch)[
 
 // Warp-collective copy of `num_vec` int4 to `dst` (local or a peer's): batches
 // of kUnroll independent loads before their stores keep several loads in
-// flight per lane.
-template <int kUnroll = 8>
+// flight per lane. kCoherent as in warp_load_batch.
+template <int kUnroll = 8, bool kCoherent = false>
 __device__ __forceinline__ void warp_copy(int4* dst, const int4* src, int num_vec, int lane) {
   for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
     int4 batch[kUnroll];
-    warp_load_batch(batch, src, base, num_vec, lane);
-    warp_store_batch(dst, batch, base, num_vec, lane);
-  }
-}
-
-// warp_copy for a source written during this kernel (by peers or other
-// blocks) and published by an acquired flag: coherent loads (ld_v4_no_alloc).
-template <int kUnroll = 8>
-__device__ __forceinline__ void warp_copy_acquired(int4* dst, const int4* src, int num_vec,
-                                                   int lane) {
-  for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
-    int4 batch[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int v = base + u * kWarpSize + lane;
-      if (v < num_vec) batch[u] = ld_v4_no_alloc(src + v);
-    }
+    warp_load_batch<kUnroll, kCoherent>(batch, src, base, num_vec, lane);
     warp_store_batch(dst, batch, base, num_vec, lane);
   }
 }

@@ -131,6 +131,53 @@ __device__ __forceinline__ bool rank_masked(const LlContext& ctx, int rank) {
   return ctx.masked != nullptr && ld_volatile_u32(ctx.masked + rank) != 0u;
 }
 
+// Which parts of an op a kernel runs: the split ops launch one part per
+// kernel, the one-call ops one kernel with both.
+constexpr int kSendPart = 1;
+constexpr int kRecvPart = 2;
+constexpr int kBothParts = kSendPart | kRecvPart;
+
+// The call's sequence number: a send (or fused) kernel starts the next one, a
+// split receive kernel takes its send's ticket.
+template <bool kSend>
+__device__ __forceinline__ uint32_t call_seq(const uint32_t* seq_counter,
+                                             const uint32_t* ticket_in) {
+  return kSend ? ld_volatile_u32(seq_counter) + 1 : ld_volatile_u32(ticket_in);
+}
+
+// Every thread: the kernel's bookkeeping, done by one thread of its last block
+// (a GPU-scope arrival counter; later kernels read it). Fused kernel: the
+// protocol check and the new sequence number. Split send: finish_send. Split
+// receive: its send is no longer outstanding. Profile slots: send_slot for the
+// send part, send_slot + 1 for the receive part.
+template <int kParts>
+__device__ __forceinline__ void finish_call(const LlContext& ctx, uint32_t seq,
+                                            uint32_t* send_done, uint32_t* recv_done,
+                                            uint32_t* outstanding, uint32_t* seq_counter,
+                                            uint32_t* ticket_out, uint32_t op, int send_slot) {
+  constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
+  if (!arrive_is_last_block_gpu(kSend ? send_done : recv_done) || threadIdx.x != 0) return;
+  if constexpr (kSend && kRecv) {
+    if (*outstanding != 0u) record_fault(ctx.status, kStatusProtocol, op, ctx.dims.rank, 0);
+    *seq_counter = seq;
+    profile_end(ctx, send_slot + 1);
+  } else if constexpr (kSend) {
+    finish_send(ctx, outstanding, seq_counter, seq, ticket_out, op);
+    profile_end(ctx, send_slot);
+  } else {
+    *outstanding = 0u;
+    profile_end(ctx, send_slot + 1);
+  }
+}
+
+// The rank mask as of the kernel's start, into shared memory (the caller
+// synchronises). Waits still check the live mask (ll_wait).
+__device__ __forceinline__ void load_rank_mask(const LlContext& ctx, int* s_masked) {
+  for (int r = threadIdx.x; r < ctx.dims.num_ranks; r += blockDim.x) {
+    s_masked[r] = rank_masked(ctx, r) ? 1 : 0;
+  }
+}
+
 // Waits for a peer's flag; a masked peer is not waited for (kFlagTimedOut).
 // With mask_on_timeout a timeout masks the peer instead of recording a fault.
 __device__ __forceinline__ uint32_t ll_wait(const LlContext& ctx, const uint64_t* flag,
@@ -255,18 +302,12 @@ __device__ __forceinline__ void store_pieces(char* msg, const RoundPieces<kFp8>&
   }
 }
 
-// Which parts of an op a kernel runs: the split ops launch one part per
-// kernel, the one-call ops one kernel with both.
-constexpr int kSendPart = 1;
-constexpr int kRecvPart = 2;
-constexpr int kBothParts = kSendPart | kRecvPart;
-
 // Dynamic shared memory of the dispatch send part: the routing of all tokens
-// ([num_tokens][K], entries that are not sent = -1), rows_per_expert [E],
-// rows_before [E] and the rank mask [R].
+// ([num_tokens][K], entries that are not sent = -1), rows_per_expert [E] and
+// rows_before [E].
 size_t DispatchSendSmem(int num_tokens, const EpDims& d) {
   return sizeof(int) * (static_cast<size_t>(num_tokens) * d.num_topk +
-                        2 * static_cast<size_t>(d.num_experts) + d.num_ranks);
+                        2 * static_cast<size_t>(d.num_experts));
 }
 
 template <bool kFp8>
@@ -275,7 +316,7 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
                                                    const int32_t* __restrict__ topk_idx,
                                                    int num_tokens,
                                                    int32_t* __restrict__ num_invalid_out,
-                                                   int* smem) {
+                                                   const int* masked, int* smem) {
   __shared__ int s_expert[kMaxTopk];
   __shared__ int s_total[kMaxTopk];
   __shared__ int s_slot[kMaxTopk];
@@ -286,7 +327,6 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
   int* routing = smem;
   int* rows_per_expert = routing + static_cast<size_t>(num_tokens) * num_topk;
   int* rows_before = rows_per_expert + d.num_experts;
-  int* masked = rows_before + d.num_experts;
   auto* done = reinterpret_cast<uint32_t*>(ctx.slot_counters);
   char* recv_base = ctx.buffers.dispatch_recv[seq & 1];
   uint64_t* flags = ctx.buffers.dispatch_flags[seq & 1];
@@ -311,7 +351,6 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
     prefetched[u] = i < num_entries ? __ldg(topk_idx + i) : -1;
   }
   for (int i = threadIdx.x; i < 2 * d.num_experts; i += blockDim.x) rows_per_expert[i] = 0;
-  for (int r = threadIdx.x; r < d.num_ranks; r += blockDim.x) masked[r] = rank_masked(ctx, r);
   if (threadIdx.x == 0) s_invalid = 0;
   __syncthreads();
   int invalid = 0;
@@ -479,11 +518,11 @@ __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_
       const size_t out_row = static_cast<size_t>(le) * rows_per_expert + row;
       const int4* payload = reinterpret_cast<const int4*>(message + 16);
       if constexpr (!kFp8) {
-        warp_copy_acquired<16>(
+        warp_copy<16, /*kCoherent=*/true>(
             reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(out_x) + out_row * d.hidden),
             payload, d.hidden / 8, lane);
       } else {
-        warp_copy_acquired<16>(
+        warp_copy<16, /*kCoherent=*/true>(
             reinterpret_cast<int4*>(static_cast<uint8_t*>(out_x) + out_row * d.hidden), payload,
             d.hidden / 16, lane);
         const float* scales = reinterpret_cast<const float*>(message + 16 + d.hidden);
@@ -506,37 +545,23 @@ __global__ void __launch_bounds__(kThreads, 1)
                 float* __restrict__ out_scales, int32_t* __restrict__ out_count,
                 int32_t* __restrict__ out_recv_src) {
   extern __shared__ int smem[];
+  __shared__ int s_masked[kMaxRanks];
   constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
   DeviceCounters* counters = ctx.counters;
-  const uint32_t seq =
-      kSend ? ld_volatile_u32(&counters->ll_dispatch_seq) + 1 : ld_volatile_u32(ticket_in);
+  const uint32_t seq = call_seq<kSend>(&counters->ll_dispatch_seq, ticket_in);
   if constexpr (kSend) {
+    load_rank_mask(ctx, s_masked);  // the send part's first barrier publishes it
     profile_start(ctx, 0);
-    dispatch_send_part<kFp8>(ctx, seq, x, topk_idx, num_tokens, num_invalid_out, smem);
+    dispatch_send_part<kFp8>(ctx, seq, x, topk_idx, num_tokens, num_invalid_out, s_masked, smem);
     if constexpr (kRecv) profile_end_block0(ctx, 0);
   }
   if constexpr (kRecv) {
     profile_start(ctx, 1);
     dispatch_recv_part<kFp8>(ctx, seq, num_tokens, out_x, out_scales, out_count, out_recv_src);
   }
-  if (arrive_is_last_block_gpu(kSend ? &counters->ll_dispatch_send_done
-                                     : &counters->ll_dispatch_recv_done) &&
-      threadIdx.x == 0) {
-    if constexpr (kSend && kRecv) {
-      if (counters->ll_dispatch_outstanding != 0u) {
-        record_fault(ctx.status, kStatusProtocol, kOpLlDispatch, ctx.dims.rank, 0);
-      }
-      counters->ll_dispatch_seq = seq;
-      profile_end(ctx, 1);
-    } else if constexpr (kSend) {
-      finish_send(ctx, &counters->ll_dispatch_outstanding, &counters->ll_dispatch_seq, seq,
-                  ticket_out, kOpLlDispatch);
-      profile_end(ctx, 0);
-    } else {
-      counters->ll_dispatch_outstanding = 0u;
-      profile_end(ctx, 1);
-    }
-  }
+  finish_call<kParts>(ctx, seq, &counters->ll_dispatch_send_done,
+                      &counters->ll_dispatch_recv_done, &counters->ll_dispatch_outstanding,
+                      &counters->ll_dispatch_seq, ticket_out, kOpLlDispatch, 0);
 }
 
 __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t seq,
@@ -701,8 +726,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
   __shared__ int s_masked[kMaxRanks];
   DeviceCounters* counters = ctx.counters;
-  const uint32_t seq =
-      kSend ? ld_volatile_u32(&counters->ll_combine_seq) + 1 : ld_volatile_u32(ticket_in);
+  const uint32_t seq = call_seq<kSend>(&counters->ll_combine_seq, ticket_in);
   // Loaded now, used after the send part: the rank mask and the routing of
   // the block's first token.
   int first_expert = -1;
@@ -711,7 +735,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     first_expert = topk_idx[blockIdx.x * ctx.dims.num_topk + threadIdx.x];
     first_weight = topk_weights[blockIdx.x * ctx.dims.num_topk + threadIdx.x];
   }
-  for (int r = threadIdx.x; r < ctx.dims.num_ranks; r += blockDim.x) s_masked[r] = rank_masked(ctx, r);
+  load_rank_mask(ctx, s_masked);
   __syncthreads();
   if constexpr (kSend) {
     profile_start(ctx, 2);
@@ -723,24 +747,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     combine_recv_part(ctx, seq, topk_idx, topk_weights, num_tokens, out, s_masked, first_expert,
                       first_weight);
   }
-  if (arrive_is_last_block_gpu(kSend ? &counters->ll_combine_send_done
-                                     : &counters->ll_combine_recv_done) &&
-      threadIdx.x == 0) {
-    if constexpr (kSend && kRecv) {
-      if (counters->ll_combine_outstanding != 0u) {
-        record_fault(ctx.status, kStatusProtocol, kOpLlCombine, ctx.dims.rank, 0);
-      }
-      counters->ll_combine_seq = seq;
-      profile_end(ctx, 3);
-    } else if constexpr (kSend) {
-      finish_send(ctx, &counters->ll_combine_outstanding, &counters->ll_combine_seq, seq,
-                  ticket_out, kOpLlCombine);
-      profile_end(ctx, 2);
-    } else {
-      counters->ll_combine_outstanding = 0u;
-      profile_end(ctx, 3);
-    }
-  }
+  finish_call<kParts>(ctx, seq, &counters->ll_combine_send_done,
+                      &counters->ll_combine_recv_done, &counters->ll_combine_outstanding,
+                      &counters->ll_combine_seq, ticket_out, kOpLlCombine, 2);
 }
 
 int GridSize(const LlContext& ctx, int work) {

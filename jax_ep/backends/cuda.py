@@ -48,11 +48,11 @@ HT_MAX_RANKS = 8  # cuda/ht_launch.h kHtMaxRanks: one NVLink domain
 LL_MAX_ROUTING_BYTES = 200 * 1024  # cuda/ll_kernels.cu kMaxDynamicSmem
 
 
-def ll_routing_fits(num_tokens: int, config: EpConfig, num_ranks: int) -> bool:
+def ll_routing_fits(num_tokens: int, config: EpConfig) -> bool:
   """Whether the LL dispatch kernel can hold this call's routing in shared memory:
-  every token's top-k, two expert histograms and the rank mask, 4 bytes each
+  every token's top-k and two expert histograms, 4 bytes each
   (cuda/ll_kernels.cu DispatchSendSmem). Larger calls take the portable path."""
-  entries = num_tokens * config.num_topk + 2 * config.num_experts + num_ranks
+  entries = num_tokens * config.num_topk + 2 * config.num_experts
   return 4 * entries <= LL_MAX_ROUTING_BYTES
 
 
@@ -144,7 +144,7 @@ class CudaBackend(XlaBackend):
   def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool):
     num_ranks = jax.lax.axis_size(config.axis_name)
     if (not self.ll_kernel_supports(x.dtype, config)
-        or not ll_routing_fits(x.shape[0], config, num_ranks)):
+        or not ll_routing_fits(x.shape[0], config)):
       return super().ll_dispatch(x, topk_idx, config, use_fp8)
     if config.debug_checks:
       self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index
@@ -182,7 +182,7 @@ class CudaBackend(XlaBackend):
     """Starts an LL dispatch; returns (num_invalid, ticket) for ll_dispatch_recv."""
     num_ranks = jax.lax.axis_size(config.axis_name)
     if (not self.ll_kernel_supports(x.dtype, config)
-        or not ll_routing_fits(x.shape[0], config, num_ranks)):
+        or not ll_routing_fits(x.shape[0], config)):
       return super().ll_dispatch_send(x, topk_idx, config, use_fp8)
     if config.debug_checks:
       self.layout(topk_idx, config)

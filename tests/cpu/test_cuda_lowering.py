@@ -151,8 +151,8 @@ def test_low_latency_dispatch_past_the_kernels_routing_limit_takes_the_portable_
   from jax_ep.backends import cuda as cuda_backend  # pylint: disable=import-outside-toplevel
 
   big = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=7000, num_topk=8)
-  assert not cuda_backend.ll_routing_fits(7000, big, 2)
-  assert cuda_backend.ll_routing_fits(6000, big, 2)
+  assert not cuda_backend.ll_routing_fits(7000, big)
+  assert cuda_backend.ll_routing_fits(6000, big)
 
   def fn(x, idx, w):
     if split:
