@@ -98,6 +98,9 @@ inline size_t LlMessageBytes(int hidden) {
 // Symmetric LL buffers (local addresses; peers' copies via nvshmem_ptr / RDMA),
 // each double-buffered by call parity.
 //   dispatch_recv[p]   [E_local][R][T] messages, filled by the source ranks
+//                      (NVLink sources write only the 16-byte headers here)
+//   dispatch_tokens[p] [R][T] messages: an NVLink source's payload of token t,
+//                      once per destination rank, shared by its experts there
 //   dispatch_flags[p]  [E_local][R] flags: (seq, rows from that source)
 //   combine_recv[p]    [E][T] bf16 rows: expert e's output for local token t
 //   combine_flags[p]   [E] flags: (seq, 0) once expert e's owner sent its rows
@@ -105,6 +108,7 @@ inline size_t LlMessageBytes(int hidden) {
 //   combine_stage      [E_local][R*T] bf16 rows, RDMA source staging (or null)
 struct LlBuffers {
   char* dispatch_recv[2];
+  char* dispatch_tokens[2];
   uint64_t* dispatch_flags[2];
   char* combine_recv[2];
   uint64_t* combine_flags[2];

@@ -105,15 +105,6 @@ __device__ __forceinline__ void ht_profile_close(const HtContext& ctx, int k) {
   }
 }
 
-// Scales rows are whole float32 words.
-__device__ __forceinline__ void warp_copy_words(void* dst, const void* src, size_t bytes,
-                                                int lane) {
-  const int words = static_cast<int>(bytes / 4);
-  for (int i = lane; i < words; i += kWarpSize) {
-    static_cast<uint32_t*>(dst)[i] = static_cast<const uint32_t*>(src)[i];
-  }
-}
-
 // Exclusive prefix sum over the threads of the block, for each of the
 // kHtMaxRanks per-thread values in `v` (in place); `totals` gets the sums.
 // `s_warp` is shared scratch of [32][kHtMaxRanks]. All threads must call it.
@@ -327,6 +318,31 @@ __device__ __forceinline__ void count_row_experts(int local, int num_topk, int* 
   if (first && local < 1024) atomicAdd(&s_tpe[local], 1);
 }
 
+// Scale words per lane a role keeps in registers (H <= 16384 at one float32
+// scale per 128 channels); words past that are copied directly.
+constexpr int kScaleWordsPerLane = 4;
+
+// Scales of one row: the lane's words, loaded (all in flight) ...
+__device__ __forceinline__ void load_scale_words(uint32_t (&words)[kScaleWordsPerLane],
+                                                 const uint32_t* src, int num_words, int lane) {
+#pragma unroll
+  for (int u = 0; u < kScaleWordsPerLane; ++u) {
+    const int i = lane + u * kWarpSize;
+    words[u] = i < num_words ? src[i] : 0u;
+  }
+}
+// ... and stored; `src` again for the words past kScaleWordsPerLane per lane.
+__device__ __forceinline__ void store_scale_words(uint32_t* dst,
+                                                  const uint32_t (&words)[kScaleWordsPerLane],
+                                                  const uint32_t* src, int num_words, int lane) {
+#pragma unroll
+  for (int u = 0; u < kScaleWordsPerLane; ++u) {
+    const int i = lane + u * kWarpSize;
+    if (i < num_words) dst[i] = words[u];
+  }
+  for (int i = lane + kScaleWordsPerLane * kWarpSize; i < num_words; i += kWarpSize) dst[i] = src[i];
+}
+
 template <bool kHasScales, int kUnroll>
 __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const HtDispatchArgs& args,
                                                    int send_block, int num_send_blocks,
@@ -334,12 +350,12 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   // Where rows for rank r go: r's recv_x, or this rank's XLA output for r == me.
   __shared__ char* s_dst_x[kHtMaxRanks];
   __shared__ size_t s_dst_stride[kHtMaxRanks];
-  __shared__ int s_rows[kWarps][kHtMaxRanks];
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const HtBuffers& b = ctx.buffers;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_vec = static_cast<int>(args.row_bytes / 16);
+  const int scale_words = kHasScales ? static_cast<int>(args.scale_bytes / 4) : 0;
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
     const bool self = r == d.rank;
@@ -349,8 +365,20 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   }
   __syncthreads();
   for (int t = send_block * kWarps + warp; t < args.num_tokens; t += num_send_blocks * kWarps) {
-    if (lane < R) s_rows[warp][lane] = args.out_send_row[t * R + lane];
-    __syncwarp();
+    // Every load of token t goes out before its first store: its row on each
+    // rank (lane r), its top-k and weights (lane k), its scales and the first
+    // batch of its row. One dependent load round trip per token, not one per
+    // destination and field (the per-row cost the session-3 token sweep saw).
+    const int my_row = lane < R ? __ldg(args.out_send_row + t * R + lane) : -1;
+    const int expert = lane < d.num_topk ? __ldg(args.topk_idx + t * d.num_topk + lane) : -1;
+    const float weight = lane < d.num_topk ? __ldg(args.topk_weights + t * d.num_topk + lane) : 0.0f;
+    const uint32_t* src_scales = nullptr;
+    uint32_t scales[kScaleWordsPerLane];
+    if constexpr (kHasScales) {
+      src_scales = reinterpret_cast<const uint32_t*>(static_cast<const char*>(args.scales) +
+                                                     static_cast<size_t>(t) * args.scale_bytes);
+      load_scale_words(scales, src_scales, scale_words, lane);
+    }
     const int4* src = reinterpret_cast<const int4*>(static_cast<const char*>(args.x) +
                                                     static_cast<size_t>(t) * args.row_bytes);
     // Each batch of the row is loaded once and stored to every destination.
@@ -358,7 +386,7 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
       int4 batch[kUnroll];
       warp_load_batch(batch, src, base, num_vec, lane);
       for (int r = 0; r < R; ++r) {
-        const int row = s_rows[warp][r];
+        const int row = __shfl_sync(0xffffffffu, my_row, r);
         if (row < 0) continue;
         warp_store_batch(reinterpret_cast<int4*>(s_dst_x[r] + static_cast<size_t>(row) *
                                                                   s_dst_stride[r]),
@@ -366,25 +394,23 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
       }
     }
     for (int r = 0; r < R; ++r) {
-      const int row = s_rows[warp][r];
+      const int row = __shfl_sync(0xffffffffu, my_row, r);
       if (row < 0) continue;
       const bool self = r == d.rank;
       if constexpr (kHasScales) {
-        void* scales = self ? args.out_scales : transport::peer_ptr(b.recv_scales, r);
-        warp_copy_words(static_cast<char*>(scales) + static_cast<size_t>(row) * args.scale_bytes,
-                        static_cast<const char*>(args.scales) +
-                            static_cast<size_t>(t) * args.scale_bytes,
-                        args.scale_bytes, lane);
+        void* dst_scales = self ? args.out_scales : transport::peer_ptr(b.recv_scales, r);
+        store_scale_words(reinterpret_cast<uint32_t*>(static_cast<char*>(dst_scales) +
+                                                      static_cast<size_t>(row) * args.scale_bytes),
+                          scales, src_scales, scale_words, lane);
       }
       int local = -1;
       if (lane < d.num_topk) {
-        const int e = args.topk_idx[t * d.num_topk + lane];
-        const bool mine = e >= 0 && e < d.num_experts && e / d.experts_per_rank == r;
-        local = mine ? e - r * d.experts_per_rank : -1;
+        const bool mine = expert >= 0 && expert < d.num_experts && expert / d.experts_per_rank == r;
+        local = mine ? expert - r * d.experts_per_rank : -1;
         auto* idx = self ? args.out_idx : static_cast<int32_t*>(transport::peer_ptr(b.recv_idx, r));
         auto* w = self ? args.out_w : static_cast<float*>(transport::peer_ptr(b.recv_w, r));
         idx[row * d.num_topk + lane] = local;
-        w[row * d.num_topk + lane] = mine ? args.topk_weights[t * d.num_topk + lane] : 0.0f;
+        w[row * d.num_topk + lane] = mine ? weight : 0.0f;
       }
       if (self) {
         if (lane == 0) args.out_recv_src[row] = d.rank * args.num_tokens + t;
@@ -400,7 +426,45 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
         }
       }
     }
-    __syncwarp();  // s_rows[warp] is rewritten for the next token
+  }
+}
+
+// 16-byte vectors per thread in flight in the receivers' copy-out (128 KB per
+// SM): the copy is bound by load latency (Little's law), as the combine
+// receive was.
+constexpr int kRecvUnroll = 16;
+// Rows of a chunk per warp (their top-k, weights, source and scales).
+constexpr int kRowsPerWarp = kHtChunkRows / kWarps;
+static_assert(kHtChunkRows % kWarps == 0, "a chunk's rows split evenly over the warps");
+
+// Block-collective copy of rows [first, last) from recv_x to the XLA output,
+// as one flat range of 16-byte vectors (no per-row tail batches). Coherent
+// loads: peers wrote these rows during this kernel, published by the chunk
+// counter that thread 0 acquired before the block barrier.
+__device__ __forceinline__ void block_copy_rows(char* out, size_t out_stride, const char* in,
+                                                size_t in_stride, int first, int last,
+                                                int num_vec) {
+  const int total = (last - first) * num_vec;
+  for (int base = threadIdx.x; base < total; base += kRecvUnroll * kThreads) {
+    int4 batch[kRecvUnroll];
+#pragma unroll
+    for (int u = 0; u < kRecvUnroll; ++u) {
+      const int i = base + u * kThreads;
+      if (i < total) {
+        const int row = first + i / num_vec, v = i % num_vec;
+        batch[u] = ld_v4_no_alloc(reinterpret_cast<const int4*>(
+                                      in + static_cast<size_t>(row) * in_stride) + v);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRecvUnroll; ++u) {
+      const int i = base + u * kThreads;
+      if (i < total) {
+        const int row = first + i / num_vec, v = i % num_vec;
+        st_na_v4(reinterpret_cast<int4*>(out + static_cast<size_t>(row) * out_stride) + v,
+                 batch[u]);
+      }
+    }
   }
 }
 
@@ -415,6 +479,7 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx, con
   const HtBuffers& b = ctx.buffers;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_vec = static_cast<int>(args.row_bytes / 16);
+  const int scale_words = kHasScales ? static_cast<int>(args.scale_bytes / 4) : 0;
   // Chunks of rows from other sources, below the capacity, in (source, chunk) order.
   int num_chunks[kHtMaxRanks];
   int total_chunks = 0;
@@ -439,25 +504,50 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx, con
       if (ctx.profile != nullptr) waited_ns += global_timer_ns() - wait_start;
     }
     __syncthreads();
-    for (int row = first + warp; row < last; row += kWarps) {
-      warp_copy(reinterpret_cast<int4*>(static_cast<char*>(args.out_x) +
-                                        static_cast<size_t>(row) * args.row_bytes),
-                reinterpret_cast<const int4*>(b.recv_x + static_cast<size_t>(row) * b.row_bytes),
-                num_vec, lane);
+    // The warp's rows' top-k, weights, source and scales: loaded first, so
+    // their round trip overlaps the row copy instead of following it.
+    int meta_idx[kRowsPerWarp], meta_src[kRowsPerWarp];
+    float meta_w[kRowsPerWarp];
+    uint32_t meta_scales[kRowsPerWarp][kScaleWordsPerLane];
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      const int row = first + warp + j * kWarps;
+      meta_idx[j] = -1;
+      meta_w[j] = 0.0f;
+      meta_src[j] = 0;
+      if (row < last) {
+        if (lane < d.num_topk) {
+          meta_idx[j] = b.recv_idx[row * d.num_topk + lane];
+          meta_w[j] = b.recv_w[row * d.num_topk + lane];
+        }
+        meta_src[j] = b.recv_src[row];
+        if constexpr (kHasScales) {
+          load_scale_words(meta_scales[j],
+                           reinterpret_cast<const uint32_t*>(b.recv_scales) +
+                               static_cast<size_t>(row) * scale_words,
+                           scale_words, lane);
+        }
+      }
+    }
+    block_copy_rows(static_cast<char*>(args.out_x), args.row_bytes, b.recv_x, b.row_bytes, first,
+                    last, num_vec);
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      const int row = first + warp + j * kWarps;
+      if (row >= last) continue;  // warp-uniform
       if constexpr (kHasScales) {
-        warp_copy_words(static_cast<char*>(args.out_scales) + static_cast<size_t>(row) * args.scale_bytes,
-                        reinterpret_cast<const char*>(b.recv_scales) +
-                            static_cast<size_t>(row) * args.scale_bytes,
-                        args.scale_bytes, lane);
+        const uint32_t* in_scales = reinterpret_cast<const uint32_t*>(b.recv_scales) +
+                                    static_cast<size_t>(row) * scale_words;
+        store_scale_words(reinterpret_cast<uint32_t*>(static_cast<char*>(args.out_scales) +
+                                                      static_cast<size_t>(row) * args.scale_bytes),
+                          meta_scales[j], in_scales, scale_words, lane);
       }
-      int local = -1;
       if (lane < d.num_topk) {
-        local = b.recv_idx[row * d.num_topk + lane];
-        args.out_idx[row * d.num_topk + lane] = local;
-        args.out_w[row * d.num_topk + lane] = b.recv_w[row * d.num_topk + lane];
+        args.out_idx[row * d.num_topk + lane] = meta_idx[j];
+        args.out_w[row * d.num_topk + lane] = meta_w[j];
       }
-      count_row_experts(local, d.num_topk, s_tpe, lane);
-      if (lane == 0) args.out_recv_src[row] = s * args.num_tokens + b.recv_src[row];
+      count_row_experts(meta_idx[j], d.num_topk, s_tpe, lane);
+      if (lane == 0) args.out_recv_src[row] = s * args.num_tokens + meta_src[j];
     }
     __syncthreads();  // thread 0 moves on to the next chunk's wait only after the copies
   }

@@ -19,10 +19,15 @@
 //      by block 0, which writes num_invalid.
 //   2. A token t sent to expert e (owner r = e/E_local, le = e%E_local) goes to
 //      slot rows_before[e] of r's dispatch_recv[p][le][s]: rows land in token
-//      order, so no atomics decide slots and the receiver never sorts. The
-//      message [header: t][payload] is stored directly (NVLink), or staged in
-//      dispatch_stage[t] and put on QP le (RDMA; its puts are complete or
-//      queued on QP le before step 3).
+//      order, so no atomics decide slots and the receiver never sorts.
+//      NVLink: the slot gets only the 16-byte header (t, 1); the payload goes
+//      once per owner rank, not once per expert, into r's
+//      dispatch_tokens[p][s][t], written by the token's first expert on r (in
+//      k order). This cuts the bytes on the link by the number of the token's
+//      experts per rank (about 4 at top-8 over 2 ranks). RDMA (one QP per
+//      expert, so every pair carries its own data): the message
+//      [header (t, 0)][payload] is staged in dispatch_stage[t] and put on QP
+//      le (its puts are complete or queued on QP le before step 3).
 //   3. After a token's rows (block barrier), one thread per expert of the token
 //      adds 1 to done[e] (acq_rel, GPU scope). The thread that brings it to
 //      rows_per_expert[e] resets done[e] to 0 and sets r's
@@ -35,6 +40,8 @@
 //      carry seq, for every source s: n_s rows, in slots 0..n_s-1 in token
 //      order. Output row offset_s + slot, offset_s = sum_{s'<s} n_s': the
 //      contract's (source rank, source token) order. count[le] = sum n_s.
+//      A slot's header (t, where) says where its payload is: in the slot
+//      (where = 0) or in dispatch_tokens[p][s][t] (where = 1).
 // combine send (on r):
 //   5. Row i < count[le] of expert le came from source s, token t (recv_src):
 //      y[le][i] goes to s's combine_recv[p][r*E_local+le][t]; after all of
@@ -60,7 +67,7 @@
 // bookkeeping; it needs no system fence, as later kernels read it.
 //
 // Why no resets of flags or buffers: flags carry the call's sequence number
-// (device_common.cuh), and buffers alternate by parity. A peer can write parity
+// (device_common.cuh), and buffers (dispatch_tokens too) alternate by parity. A peer can write parity
 // p again only two calls later, and it can get there only after it received
 // this rank's data of the call in between, which this rank sends after
 // finishing with parity p.
@@ -320,7 +327,10 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
   __shared__ int s_expert[kMaxTopk];
   __shared__ int s_total[kMaxTopk];
   __shared__ int s_slot[kMaxTopk];
-  __shared__ char* s_dst[kMaxTopk];  // the message's address on its owner; null: RDMA
+  __shared__ char* s_dst[kMaxTopk];  // the pair's slot on its owner; null: RDMA
+  // NVLink: the token's payload on the owner of expert k, for the first k of
+  // each owner (null otherwise): one copy per (token, rank), not per expert.
+  __shared__ char* s_token_dst[kMaxTopk];
   __shared__ int s_invalid;
   const EpDims d = ctx.dims;
   const int num_topk = d.num_topk;
@@ -329,6 +339,7 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
   int* rows_before = rows_per_expert + d.num_experts;
   auto* done = reinterpret_cast<uint32_t*>(ctx.slot_counters);
   char* recv_base = ctx.buffers.dispatch_recv[seq & 1];
+  char* tokens_base = ctx.buffers.dispatch_tokens[seq & 1];
   uint64_t* flags = ctx.buffers.dispatch_flags[seq & 1];
   const size_t msg_bytes = ctx.buffers.message_bytes;
   const int first_token = blockIdx.x;
@@ -413,6 +424,17 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
         char* dst_local = recv_base +
             ((static_cast<size_t>(le) * d.num_ranks + d.rank) * d.max_tokens + slot) * msg_bytes;
         s_dst[k] = static_cast<char*>(transport::peer_ptr(dst_local, r));
+        // The first of the token's experts on r (in k order) carries the payload.
+        bool first_of_rank = true;
+        for (int j = 0; j < k; ++j) {
+          const int other = routing[static_cast<size_t>(t) * num_topk + j];
+          first_of_rank &= other < 0 || other / d.experts_per_rank != r;
+        }
+        s_token_dst[k] =
+            first_of_rank && s_dst[k] != nullptr
+                ? static_cast<char*>(transport::peer_ptr(
+                      tokens_base + (static_cast<size_t>(d.rank) * d.max_tokens + t) * msg_bytes, r))
+                : nullptr;
       }
     }
     __syncthreads();
@@ -425,11 +447,14 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
     for (int c0 = 0; c0 < d.hidden; c0 += kChannelsPerRound) {
       if (c0 > 0) pieces = load_pieces<kFp8>(row, c0, d.hidden);
       for (int k = 0; k < num_topk; ++k) {
-        if (s_expert[k] < 0 || s_dst[k] == nullptr) continue;
-        store_pieces<kFp8>(s_dst[k], pieces, c0, d.hidden);
-        if (c0 == 0 && threadIdx.x == 0) {
-          st_na_v4(reinterpret_cast<int4*>(s_dst[k]), make_int4(t, 0, 0, 0));
-        }
+        if (s_expert[k] < 0 || s_token_dst[k] == nullptr) continue;
+        store_pieces<kFp8>(s_token_dst[k], pieces, c0, d.hidden);
+      }
+      // NVLink slots get only their header (y = 1: the payload is in the
+      // source's dispatch_tokens row of token t on that rank).
+      if (c0 == 0 && threadIdx.x < num_topk && s_expert[threadIdx.x] >= 0 &&
+          s_dst[threadIdx.x] != nullptr) {
+        st_na_v4(reinterpret_cast<int4*>(s_dst[threadIdx.x]), make_int4(t, 1, 0, 0));
       }
       if (stage != nullptr) {
         store_pieces<kFp8>(stage, pieces, c0, d.hidden);
@@ -476,6 +501,7 @@ __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_
   __shared__ int s_offset[kMaxRanks + 1];  // output offset of each source's rows
   const EpDims d = ctx.dims;
   const char* recv_base = ctx.buffers.dispatch_recv[seq & 1];
+  const char* tokens_base = ctx.buffers.dispatch_tokens[seq & 1];
   const uint64_t* flags = ctx.buffers.dispatch_flags[seq & 1];
   const size_t msg_bytes = ctx.buffers.message_bytes;
   const int rows_per_expert = d.num_ranks * d.max_tokens;
@@ -511,9 +537,15 @@ __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_
       }
       const char* message =
           expert_base + (static_cast<size_t>(s) * d.max_tokens + (row - s_offset[s])) * msg_bytes;
-      if (lane == 0) {
-        const int t = ld_v4_no_alloc(reinterpret_cast<const int4*>(message)).x;
-        recv_src[row] = (t >= 0 && t < num_tokens) ? s * num_tokens + t : -1;
+      // Every lane reads the header (one broadcast load): it says where the
+      // payload is, in this slot (RDMA) or in the source's token row (NVLink).
+      const int4 header = ld_v4_no_alloc(reinterpret_cast<const int4*>(message));
+      const int t = header.x;
+      const bool known_token = t >= 0 && t < num_tokens;
+      if (lane == 0) recv_src[row] = known_token ? s * num_tokens + t : -1;
+      if (header.y == 1) {  // a bad token index reads token 0's row: in bounds, marked -1
+        message = tokens_base +
+            (static_cast<size_t>(s) * d.max_tokens + (known_token ? t : 0)) * msg_bytes;
       }
       const size_t out_row = static_cast<size_t>(le) * rows_per_expert + row;
       const int4* payload = reinterpret_cast<const int4*>(message + 16);

@@ -58,6 +58,7 @@ BufferLayout ComputeLayout(const EpDims& d, bool low_latency, bool high_throughp
     layout.ll_message_bytes = LlMessageBytes(d.hidden);
     for (int p = 0; p < 2; ++p) {
       layout.ll_dispatch_recv[p] = take(E_local * R * T * layout.ll_message_bytes);
+      layout.ll_dispatch_tokens[p] = take(R * T * layout.ll_message_bytes);
       layout.ll_dispatch_flags[p] = take(E_local * R * sizeof(uint64_t));
       layout.ll_combine_recv[p] = take(E * T * 2 * H);
       layout.ll_combine_flags[p] = take(E * sizeof(uint64_t));
@@ -276,6 +277,7 @@ std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_th
   if (low_latency) {
     for (int p = 0; p < 2; ++p) {
       ll_.buffers.dispatch_recv[p] = base_ + layout.ll_dispatch_recv[p];
+      ll_.buffers.dispatch_tokens[p] = base_ + layout.ll_dispatch_tokens[p];
       ll_.buffers.dispatch_flags[p] = reinterpret_cast<uint64_t*>(base_ + layout.ll_dispatch_flags[p]);
       ll_.buffers.combine_recv[p] = base_ + layout.ll_combine_recv[p];
       ll_.buffers.combine_flags[p] = reinterpret_cast<uint64_t*>(base_ + layout.ll_combine_flags[p]);

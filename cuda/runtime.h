@@ -25,6 +25,7 @@ struct BufferLayout {
   size_t total = 0;
   // LL (0 when disabled)
   size_t ll_dispatch_recv[2] = {0, 0};
+  size_t ll_dispatch_tokens[2] = {0, 0};
   size_t ll_dispatch_flags[2] = {0, 0};
   size_t ll_combine_recv[2] = {0, 0};
   size_t ll_combine_flags[2] = {0, 0};

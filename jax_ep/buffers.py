@@ -6,6 +6,7 @@ K top-k, every buffer rounded up to 256 bytes:
 
   low latency (double-buffered, x2):
     dispatch receive  E_local * R * T * M      M = 16 + max(2H, H + H/32), to 16 B
+    dispatch tokens   R * T * M                (NVLink: one payload per token and rank)
     dispatch flags    E_local * R * 8
     combine receive   E * T * 2H
     combine flags     E * 8
@@ -43,7 +44,7 @@ def buffer_bytes(config: EpConfig, num_ranks: int, *, rdma_staging: bool = False
   if config.enable_low_latency:
     message = ll_message_bytes(h)
     for _ in range(2):
-      sizes += [e_local * r * t * message, e_local * r * 8, e * t * 2 * h, e * 8]
+      sizes += [e_local * r * t * message, r * t * message, e_local * r * 8, e * t * 2 * h, e * 8]
     if rdma_staging:
       sizes += [t * message, e_local * r * t * 2 * h]
   if config.enable_high_throughput:

@@ -22,6 +22,8 @@ flags.DEFINE_string("out", None, "write results as JSON here")
 flags.DEFINE_bool("sweep", False, "ht: also sweep tokens per rank 128..8192 (JSON + PNG)")
 flags.DEFINE_string("plot", None, "ht --sweep: write the plot PNG here")
 flags.DEFINE_bool("ragged", False, "ht: time only the ragged_all_to_all (MaxText) baseline")
+flags.DEFINE_bool("baselines", True, "ht: also time the all_to_all baselines (--nobaselines: "
+                  "jax_ep only, for quick A/B runs of kernel variants)")
 flags.DEFINE_list("sm_sweep", [], "ht: also time jax_ep at these SM budgets (EpConfig.num_sms)")
 FLAGS = flags.FLAGS
 
@@ -54,7 +56,8 @@ def main(argv):
     rows, meta = ht.run(FLAGS.tokens or 4096, FLAGS.hidden, FLAGS.num_experts, FLAGS.topk,
                         FLAGS.num_calls, FLAGS.repeats, FLAGS.seed, sweep=FLAGS.sweep,
                         plot=FLAGS.plot, ragged=FLAGS.ragged,
-                        sm_sweep=tuple(int(n) for n in FLAGS.sm_sweep))
+                        sm_sweep=tuple(int(n) for n in FLAGS.sm_sweep),
+                        baselines=FLAGS.baselines)
   results.update(meta=meta, rows=rows)
   if jax.process_index() == 0:
     if FLAGS.out:  # first: a failure while printing must not lose the numbers

@@ -85,7 +85,7 @@ def _ragged_combine(y, layout, num_tokens: int, config: jax_ep.EpConfig):
 
 def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: int,
         repeats: int, seed: int, sweep: bool = False, plot: str | None = None,
-        ragged: bool = False, sm_sweep: tuple[int, ...] = ()):
+        ragged: bool = False, sm_sweep: tuple[int, ...] = (), baselines: bool = True):
   """The HT table (jax_ep, all_to_all, bare all_to_all) at ``tokens`` per rank.
 
   ``ragged``: time only the ragged_all_to_all baseline instead (slow: it runs as
@@ -93,6 +93,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   single-shot unless XLA's decomposer is on, see _ragged_needs_single_shot).
   ``sweep``: also jax_ep and all_to_all over tokens per rank 128..8192 (+ PNG).
   ``sm_sweep``: also jax_ep at each of these SM budgets (EpConfig.num_sms).
+  ``baselines``: False times jax_ep alone (quick A/B runs of kernel variants).
   """
   num_ranks = jax.device_count()
   rank = jax.process_index()
@@ -198,7 +199,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     return results, received, remote
 
   profiles: dict = {}  # filled by measure() with JAX_EP_PROFILE=1
-  results, received, remote = measure(tokens, bare=True)
+  results, received, remote = measure(tokens, bare=baselines, baselines=baselines)
   bytes_of = {"BF16": 2 * hidden, "FP8": hidden + 4 * (hidden // 128)}
   for (name, system), us in results.items():
     if us is None:
