@@ -429,44 +429,9 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   }
 }
 
-// 16-byte vectors per thread in flight in the receivers' copy-out (128 KB per
-// SM): the copy is bound by load latency (Little's law), as the combine
-// receive was.
-constexpr int kRecvUnroll = 16;
 // Rows of a chunk per warp (their top-k, weights, source and scales).
 constexpr int kRowsPerWarp = kHtChunkRows / kWarps;
 static_assert(kHtChunkRows % kWarps == 0, "a chunk's rows split evenly over the warps");
-
-// Block-collective copy of rows [first, last) from recv_x to the XLA output,
-// as one flat range of 16-byte vectors (no per-row tail batches). Coherent
-// loads: peers wrote these rows during this kernel, published by the chunk
-// counter that thread 0 acquired before the block barrier.
-__device__ __forceinline__ void block_copy_rows(char* out, size_t out_stride, const char* in,
-                                                size_t in_stride, int first, int last,
-                                                int num_vec) {
-  const int total = (last - first) * num_vec;
-  for (int base = threadIdx.x; base < total; base += kRecvUnroll * kThreads) {
-    int4 batch[kRecvUnroll];
-#pragma unroll
-    for (int u = 0; u < kRecvUnroll; ++u) {
-      const int i = base + u * kThreads;
-      if (i < total) {
-        const int row = first + i / num_vec, v = i % num_vec;
-        batch[u] = ld_v4_no_alloc(reinterpret_cast<const int4*>(
-                                      in + static_cast<size_t>(row) * in_stride) + v);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kRecvUnroll; ++u) {
-      const int i = base + u * kThreads;
-      if (i < total) {
-        const int row = first + i / num_vec, v = i % num_vec;
-        st_na_v4(reinterpret_cast<int4*>(out + static_cast<size_t>(row) * out_stride) + v,
-                 batch[u]);
-      }
-    }
-  }
-}
 
 // Returns the time thread 0 spent waiting for chunks (profiling only; else 0).
 template <bool kHasScales>
@@ -529,12 +494,19 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx, con
         }
       }
     }
-    block_copy_rows(static_cast<char*>(args.out_x), args.row_bytes, b.recv_x, b.row_bytes, first,
-                    last, num_vec);
 #pragma unroll
     for (int j = 0; j < kRowsPerWarp; ++j) {
       const int row = first + warp + j * kWarps;
       if (row >= last) continue;  // warp-uniform
+      // 16 vectors per lane in flight (128 KB per SM): the copy-out is bound
+      // by load latency, as the combine receive was. Coherent loads: a peer
+      // wrote the row during this kernel, published by the chunk counter
+      // thread 0 acquired before the block barrier.
+      warp_copy<16, /*kCoherent=*/true>(
+          reinterpret_cast<int4*>(static_cast<char*>(args.out_x) +
+                                  static_cast<size_t>(row) * args.row_bytes),
+          reinterpret_cast<const int4*>(b.recv_x + static_cast<size_t>(row) * b.row_bytes),
+          num_vec, lane);
       if constexpr (kHasScales) {
         const uint32_t* in_scales = reinterpret_cast<const uint32_t*>(b.recv_scales) +
                                     static_cast<size_t>(row) * scale_words;
