@@ -67,10 +67,10 @@
 // bookkeeping; it needs no system fence, as later kernels read it.
 //
 // Why no resets of flags or buffers: flags carry the call's sequence number
-// (device_common.cuh), and buffers (dispatch_tokens too) alternate by parity. A peer can write parity
-// p again only two calls later, and it can get there only after it received
-// this rank's data of the call in between, which this rank sends after
-// finishing with parity p.
+// (device_common.cuh), and buffers (dispatch_tokens too) alternate by parity.
+// A peer can write parity p again only two calls later, and it can get there
+// only after it received this rank's data of the call in between, which this
+// rank sends after finishing with parity p.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
