@@ -56,10 +56,9 @@ struct DeviceCounters {
   uint32_t reserved[3];
 };
 
-// Optional in-kernel timing (JAX_EP_PROFILE=1 at initialisation), per LL
-// kernel k (0 dispatch send, 1 dispatch recv, 2 combine send, 3 combine recv),
-// from %globaltimer: block 0 stamps the start, the last block adds the duration.
-// In-kernel profile (JAX_EP_PROFILE=1), accumulated over calls. Slots 0-3:
+// In-kernel profile (JAX_EP_PROFILE=1 at initialisation), from %globaltimer,
+// accumulated over calls: block 0 stamps the start, the last block adds the
+// duration. Slots 0-3:
 // the LL kernels (ll_dispatch_send, ll_dispatch_recv, ll_combine_send,
 // ll_combine_recv); 4-8: the HT ones (ht_notify, ht_dispatch's send role,
 // its receive role, ht_combine_send, ht_combine_recv).

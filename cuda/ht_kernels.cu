@@ -143,27 +143,22 @@ __device__ __forceinline__ void block_exclusive_scan(int (&v)[kHtMaxRanks],
   for (int r = 0; r < kHtMaxRanks; ++r) v[r] = inclusive[r] - v[r] + s_warp[warp][r];
 }
 
-// Bitmask of the ranks token t goes to (a token counts once per rank).
-__device__ __forceinline__ uint32_t token_ranks(const int32_t* topk, int num_topk, int num_experts,
-                                                int experts_per_rank, int* invalid) {
-  uint32_t mask = 0;
-  for (int k = 0; k < num_topk; ++k) {
-    const int e = topk[k];
-    if (e >= 0 && e < num_experts) {
-      mask |= 1u << (e / experts_per_rank);
-    } else if (e != -1) {
-      ++*invalid;
-    }
-  }
-  return mask;
-}
-
 // Rank bit of one top-k entry (0 for -1); counts entries outside [-1, E).
 __device__ __forceinline__ uint32_t entry_rank_bit(int e, int num_experts, int experts_per_rank,
                                                    int* invalid) {
   if (e >= 0 && e < num_experts) return 1u << (e / experts_per_rank);
   if (e != -1) ++*invalid;
   return 0u;
+}
+
+// Bitmask of the ranks token t goes to (a token counts once per rank).
+__device__ __forceinline__ uint32_t token_ranks(const int32_t* topk, int num_topk, int num_experts,
+                                                int experts_per_rank, int* invalid) {
+  uint32_t mask = 0;
+  for (int k = 0; k < num_topk; ++k) {
+    mask |= entry_rank_bit(topk[k], num_experts, experts_per_rank, invalid);
+  }
+  return mask;
 }
 
 // Dynamic shared memory of ht_notify: one rank mask per token, up to this size
@@ -340,10 +335,12 @@ __device__ __forceinline__ void store_scale_words(uint32_t* dst,
     const int i = lane + u * kWarpSize;
     if (i < num_words) dst[i] = words[u];
   }
-  for (int i = lane + kScaleWordsPerLane * kWarpSize; i < num_words; i += kWarpSize) dst[i] = src[i];
+  for (int i = lane + kScaleWordsPerLane * kWarpSize; i < num_words; i += kWarpSize) {
+    dst[i] = src[i];
+  }
 }
 
-template <bool kHasScales, int kUnroll>
+template <bool kHasScales>
 __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const HtDispatchArgs& args,
                                                    int send_block, int num_send_blocks,
                                                    int* s_tpe, const int* s_row_offset) {
@@ -356,6 +353,9 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_vec = static_cast<int>(args.row_bytes / 16);
   const int scale_words = kHasScales ? static_cast<int>(args.scale_bytes / 4) : 0;
+  // 16-byte vectors per lane per load batch (16 was measured no faster for
+  // BF16 and slower for FP8 in sessions 4 and 5).
+  constexpr int kUnroll = 8;
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
     const bool self = r == d.rank;
@@ -371,7 +371,8 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     // destination and field (the per-row cost the session-3 token sweep saw).
     const int my_row = lane < R ? __ldg(args.out_send_row + t * R + lane) : -1;
     const int expert = lane < d.num_topk ? __ldg(args.topk_idx + t * d.num_topk + lane) : -1;
-    const float weight = lane < d.num_topk ? __ldg(args.topk_weights + t * d.num_topk + lane) : 0.0f;
+    const float weight =
+        lane < d.num_topk ? __ldg(args.topk_weights + t * d.num_topk + lane) : 0.0f;
     const uint32_t* src_scales = nullptr;
     uint32_t scales[kScaleWordsPerLane];
     if constexpr (kHasScales) {
@@ -435,9 +436,10 @@ static_assert(kHtChunkRows % kWarps == 0, "a chunk's rows split evenly over the 
 
 // Returns the time thread 0 spent waiting for chunks (profiling only; else 0).
 template <bool kHasScales>
-__device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx, const HtDispatchArgs& args,
-                                                   int recv_block, int num_recv_blocks,
-                                                   int* s_tpe, const int* s_prefix, int kept) {
+__device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
+                                                       const HtDispatchArgs& args, int recv_block,
+                                                       int num_recv_blocks, int* s_tpe,
+                                                       const int* s_prefix, int kept) {
   uint64_t waited_ns = 0;
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
@@ -543,10 +545,7 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx, con
   return waited_ns;
 }
 
-// kUnroll: 16-byte vectors per lane per load batch of the send role (8 by
-// default; 16 under JAX_EP_HT_SEND_UNROLL=16, an experiment: fewer dependent
-// load round trips per row).
-template <bool kHasScales, int kUnroll>
+template <bool kHasScales>
 __global__ void __launch_bounds__(kThreads, 1)
     ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks) {
   __shared__ int s_prefix[kHtMaxRanks + 1];
@@ -567,8 +566,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // With a single block, it sends first and then receives.
   const bool single = gridDim.x == 1;
   if (single || static_cast<int>(blockIdx.x) < num_send_blocks) {
-    dispatch_send_role<kHasScales, kUnroll>(ctx, args, blockIdx.x, num_send_blocks, s_tpe,
-                                            s_row_offset);
+    dispatch_send_role<kHasScales>(ctx, args, blockIdx.x, num_send_blocks, s_tpe, s_row_offset);
   }
   if (single || static_cast<int>(blockIdx.x) >= num_send_blocks) {
     const int recv_block = single ? 0 : blockIdx.x - num_send_blocks;
@@ -704,7 +702,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           out_row[v] = packed;
         }
       }
-      continue;
     } else {
       for (int base = 0; base < num_vec; base += kBatch * kWarpSize) {
         float acc[kBatch][8];
@@ -767,17 +764,10 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
   // share of receiver blocks: grid / divisor.
   const int num_send_blocks =
       grid == 1 ? 1 : grid - std::max(1, grid / std::max(2, ctx.recv_divisor));
-  const bool wide = ctx.send_unroll == 16;
   if (args.scales != nullptr) {
-    if (wide) {
-      ht_dispatch<true, 16><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
-    } else {
-      ht_dispatch<true, 8><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
-    }
-  } else if (wide) {
-    ht_dispatch<false, 16><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
+    ht_dispatch<true><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
   } else {
-    ht_dispatch<false, 8><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
+    ht_dispatch<false><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
   }
   return cudaGetLastError();
 }
@@ -799,10 +789,8 @@ cudaError_t PrepareHtKernels() {
   cudaError_t err = cudaFuncSetAttribute(ht_notify, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kNotifyMaxSmem));
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_notify);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true, 8>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false, 8>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true, 16>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false, 16>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_send);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv<true>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv<false>);

@@ -62,7 +62,6 @@ struct HtContext {
   int num_sms;               // SM budget of the HT kernels (EpConfig.num_sms)
   DeviceProfile* profile;    // device memory, or null (profiling off)
   // Experiments, set from the environment at initialize (docs/benchmarks.md):
-  int send_unroll;           // dispatch send role's vectors per lane per batch: 8 or 16
   int recv_divisor;          // dispatch: grid / recv_divisor blocks receive (>= 2)
 };
 

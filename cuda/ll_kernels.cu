@@ -430,11 +430,11 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
           const int other = routing[static_cast<size_t>(t) * num_topk + j];
           first_of_rank &= other < 0 || other / d.experts_per_rank != r;
         }
-        s_token_dst[k] =
-            first_of_rank && s_dst[k] != nullptr
-                ? static_cast<char*>(transport::peer_ptr(
-                      tokens_base + (static_cast<size_t>(d.rank) * d.max_tokens + t) * msg_bytes, r))
-                : nullptr;
+        char* token_local =
+            tokens_base + (static_cast<size_t>(d.rank) * d.max_tokens + t) * msg_bytes;
+        s_token_dst[k] = first_of_rank && s_dst[k] != nullptr
+                             ? static_cast<char*>(transport::peer_ptr(token_local, r))
+                             : nullptr;
       }
     }
     __syncthreads();
@@ -525,7 +525,9 @@ __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_
     __syncthreads();
     const int total = s_offset[d.num_ranks];
     int32_t* recv_src = out_recv_src + static_cast<size_t>(le) * rows_per_expert;
-    for (int row = total + threadIdx.x; row < rows_per_expert; row += blockDim.x) recv_src[row] = -1;
+    for (int row = total + threadIdx.x; row < rows_per_expert; row += blockDim.x) {
+      recv_src[row] = -1;
+    }
     const char* expert_base =
         recv_base + static_cast<size_t>(le) * d.num_ranks * d.max_tokens * msg_bytes;
     // One warp per output row; rows are in (source, slot) order.
@@ -646,7 +648,8 @@ __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t
         }
       } else {
         auto* stage = reinterpret_cast<int4*>(
-            ctx.buffers.combine_stage + (static_cast<size_t>(le) * rows_per_expert + i) * row_bytes);
+            ctx.buffers.combine_stage +
+            (static_cast<size_t>(le) * rows_per_expert + i) * row_bytes);
         for (int v = lane; v < num_vec; v += kWarpSize) stage[v] = __ldg(row + v);
         __syncwarp();
         transport::put_warp(dst_local, stage, row_bytes, s, ctx.qp_handles, le);
@@ -656,7 +659,9 @@ __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t
     transport::complete_block_puts(__syncthreads_or(used_rdma), ctx.qp_handles);
     __syncthreads();  // every row of expert le is written (or its put issued)
     for (int r = threadIdx.x; r < d.num_ranks; r += blockDim.x) {
-      if (s_masked[r] == 0) transport::set_flag(flags + e, make_flag(seq, 0), r, ctx.qp_handles, le);
+      if (s_masked[r] == 0) {
+        transport::set_flag(flags + e, make_flag(seq, 0), r, ctx.qp_handles, le);
+      }
     }
   }
 }

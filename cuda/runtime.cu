@@ -294,8 +294,6 @@ std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_th
   ht_.plan = ht_plan_;
   ht_.profile = profile_;
   // Experiment knobs (docs/benchmarks.md); the defaults are the measured kernels.
-  const char* unroll_env = std::getenv("JAX_EP_HT_SEND_UNROLL");
-  ht_.send_unroll = (unroll_env != nullptr && std::string(unroll_env) == "16") ? 16 : 8;
   const char* divisor_env = std::getenv("JAX_EP_HT_RECV_DIVISOR");
   ht_.recv_divisor = divisor_env != nullptr ? std::max(2, std::atoi(divisor_env)) : 3;
   // HT SM budget: EpConfig.num_sms, else kHtDefaultSms (DeepEP's 24; see docs/benchmarks.md).
