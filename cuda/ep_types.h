@@ -68,7 +68,8 @@ struct DeviceProfile {
   uint64_t end[kProfileSlots];
   uint64_t total_ns[kProfileSlots];  // sum of (end - start)
   uint64_t wait_ns[kProfileSlots];   // time until the peers' data had arrived (see blocks)
-  uint64_t gap_ns[kProfileSlots];    // LL recv kernels: start - the matching send's end
+  uint64_t gap_ns[kProfileSlots];    // LL recv: start - the matching send's end; HT notify and
+                                     // dispatch send: start - the previous kernel's end
   uint64_t calls[kProfileSlots];
   uint64_t role_end[kProfileSlots];  // HT: latest end of the role's blocks in this call
   uint64_t blocks[kProfileSlots];    // HT: blocks that added to wait_ns (0: one per call)

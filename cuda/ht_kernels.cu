@@ -75,9 +75,16 @@ constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kProfNotify = 4, kProfDispatchSend = 5, kProfDispatchRecv = 6,
               kProfCombineSend = 7, kProfCombineRecv = 8;
 
-__device__ __forceinline__ void ht_profile_start(const HtContext& ctx, int k) {
+// `after`: the slot whose last end precedes this kernel on the stream (its
+// gap_ns gets this start minus that end), or -1.
+__device__ __forceinline__ void ht_profile_start(const HtContext& ctx, int k, int after = -1) {
   if (ctx.profile != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
-    ctx.profile->start[k] = global_timer_ns();
+    const uint64_t now = global_timer_ns();
+    ctx.profile->start[k] = now;
+    if (after >= 0) {
+      const uint64_t before = ctx.profile->end[after];
+      if (before != 0 && before < now) ctx.profile->gap_ns[k] += now - before;
+    }
   }
 }
 // Thread 0 of each block of the role, once the block's part is done.
@@ -100,6 +107,7 @@ __device__ __forceinline__ void ht_profile_close(const HtContext& ctx, int k) {
   if (ctx.profile != nullptr) {
     DeviceProfile* p = ctx.profile;
     if (p->role_end[k] > p->start[k]) p->total_ns[k] += p->role_end[k] - p->start[k];
+    p->end[k] = max(p->role_end[k], global_timer_ns());
     p->role_end[k] = 0;
     p->calls[k] += 1;
   }
@@ -177,7 +185,7 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_dispatch_seq) + 1;
-  ht_profile_start(ctx, kProfNotify);
+  ht_profile_start(ctx, kProfNotify, kProfDispatchRecv);
   // Parity buffers (see "Buffer reuse" above).
   int32_t* counts = ctx.buffers.counts + (seq & 1) * R * R;
   uint64_t* notify_flags = ctx.buffers.notify_flags + (seq & 1) * R;
@@ -554,7 +562,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_dispatch_seq) + 1;
-  ht_profile_start(ctx, kProfDispatchSend);
+  ht_profile_start(ctx, kProfDispatchSend, kProfNotify);
   ht_profile_start(ctx, kProfDispatchRecv);
   uint64_t waited_ns = 0;  // thread 0 of a receiver block (profiling)
   for (int i = threadIdx.x; i <= R; i += blockDim.x) s_prefix[i] = ctx.plan->recv_prefix[i];

@@ -129,6 +129,8 @@ NB_MODULE(_jax_ep_cuda, m) {
       // Per block and call where several blocks wait (HT receive roles).
       e["wait_us"] = p.wait_ns[k] / (p.blocks[k] ? static_cast<double>(p.blocks[k]) : n) / 1e3;
       if (k < 4) e["gap_after_send_us"] = p.gap_ns[k] / n / 1e3;
+      // HT: idle time on the stream before the kernel (previous call's end).
+      if (k == 4 || k == 5) e["gap_before_us"] = p.gap_ns[k] / n / 1e3;
       d[names[k]] = e;
     }
     return d;

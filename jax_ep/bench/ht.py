@@ -122,7 +122,14 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
         return time(label, op, *args)
       cuda.module.read_profile()  # resets the counters
       us = time(label, op, *args)
-      profiles[f"tokens={t} num_sms={num_sms} {label}"] = cuda.module.read_profile()
+      profile = cuda.module.read_profile()
+      profiles[f"tokens={t} num_sms={num_sms} {label}"] = profile
+      # Every rank's own (the table shows rank 0's): a rank that waits for the
+      # other in ht_notify shows where the other spends that time.
+      print(f"profile rank {rank}: {label}: " + "; ".join(
+          f"{k} kernel {v['kernel_us']:.1f} wait {v['wait_us']:.1f}"
+          + (f" gap_before {v['gap_before_us']:.1f}" if "gap_before_us" in v else "")
+          for k, v in profile.items()), flush=True)
       return us
 
     def time(label, op, *args, slow=False):
