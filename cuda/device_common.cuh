@@ -38,6 +38,16 @@ __device__ __forceinline__ void red_add_release_sys(uint32_t* ptr, uint32_t valu
   asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(ptr), "r"(value) : "memory");
 }
 
+// The release pattern split in two: one fence orders all earlier writes (and
+// those ordered before them) before every relaxed add after it, so several
+// counters can be published with one fence.
+__device__ __forceinline__ void fence_acq_rel_sys() {
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+__device__ __forceinline__ void red_add_relaxed_sys(uint32_t* ptr, uint32_t value) {
+  asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(ptr), "r"(value) : "memory");
+}
+
 // Atomic add at GPU scope with acquire-release semantics; returns the old value.
 // The "last arriver" of a counter acquires every earlier arriver's writes
 // (and, through their barriers, their blocks' writes) before it publishes them.

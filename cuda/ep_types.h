@@ -53,26 +53,42 @@ struct DeviceCounters {
   uint32_t ht_dispatch_done;
   uint32_t ht_combine_send_done;
   uint32_t ht_combine_recv_done;
-  uint32_t reserved[3];
+  uint32_t ht_recv_ticket;          // HT dispatch: next chunk to copy out (reset by the last block)
+  uint32_t reserved[2];
 };
 
 // In-kernel profile (JAX_EP_PROFILE=1 at initialisation), from %globaltimer,
 // accumulated over calls: block 0 stamps the start, the last block adds the
 // duration. Slots 0-3:
 // the LL kernels (ll_dispatch_send, ll_dispatch_recv, ll_combine_send,
-// ll_combine_recv); 4-8: the HT ones (ht_notify, ht_dispatch's send role,
-// its receive role, ht_combine_send, ht_combine_recv).
+// ll_combine_recv); 4-8: the HT ones (ht_dispatch's count exchange, its send
+// role, its receive role, ht_combine_send, ht_combine_recv).
 constexpr int kProfileSlots = 9;
+constexpr int kHtTraceCalls = 64;
+enum HtTraceEvent {
+  kTraceStart,      // ht_dispatch's block 0 starts
+  kTraceMasks,      // block 0 has every token's rank mask
+  kTraceScan,       // ... and this rank's rows per destination
+  kTracePlanBuilt,  // block 0 has every token's rank mask and row bases
+  kTraceCounts,     // block 0 has every source's counts (the count exchange)
+  kTraceSendEnd,    // the last sender block is done
+  kTraceRecvEnd,    // the last receiver block is done
+  kTraceEnd,        // the last block of ht_dispatch arrives
+  kHtTraceEvents
+};
 struct DeviceProfile {
   uint64_t start[kProfileSlots];
   uint64_t end[kProfileSlots];
   uint64_t total_ns[kProfileSlots];  // sum of (end - start)
   uint64_t wait_ns[kProfileSlots];   // time until the peers' data had arrived (see blocks)
-  uint64_t gap_ns[kProfileSlots];    // LL recv: start - the matching send's end; HT notify and
-                                     // dispatch send: start - the previous kernel's end
+  uint64_t gap_ns[kProfileSlots];    // LL recv kernels: start - the matching send's end
   uint64_t calls[kProfileSlots];
   uint64_t role_end[kProfileSlots];  // HT: latest end of the role's blocks in this call
   uint64_t blocks[kProfileSlots];    // HT: blocks that added to wait_ns (0: one per call)
+  // HT dispatch timeline of the last kHtTraceCalls calls, row seq % kHtTraceCalls:
+  // %globaltimer at each HtTraceEvent (the host takes medians of the steps:
+  // averages would count the skew between two processes' executions).
+  uint64_t ht_trace[kHtTraceCalls][kHtTraceEvents];
 };
 
 // Sizes of one configuration on this EP group.

@@ -3,43 +3,51 @@
 // PROTOCOL (seq = the op's call sequence number, the same on every rank; flags
 // are (seq << 32 | value) words, never reset; buffers in ht_types.h)
 //
-// dispatch = two kernels launched back to back by one custom call:
-//   ht_notify (1 block): counts this rank's tokens per destination rank
-//     (a token counts once per rank; every token's rank mask is built once in
-//     shared memory from coalesced loads), writes that row into every rank's
-//     counts[me][*] and then sets notify_flags[me] there (st.release.sys).
-//     It waits for every source's notify flag, reads the R x R matrix and
-//     decides the layout: on receiver r, source s's rows start at
-//     sum_{s'<s} counts[s'][r], in source token order; rows at or past the
-//     capacity are dropped (send_row = -1). Writes send_row [T, R] and HtPlan.
-//   ht_dispatch (num_sms blocks, two roles running at the same time):
-//     senders (the first blocks): one warp per token loads its row once
-//       (16-byte loads) and stores it, with its scales, source token index
-//       and top-k (rewritten to the receiver's local experts), straight to its
-//       final row in each destination's recv_* buffers; the rows for this rank
-//       itself go straight into the XLA outputs instead (no second copy).
-//       After each remote row: __syncwarp, then one red.release.sys add of 1
-//       to the receiver's chunk_arrived[me][c], c = (row - first row of this
-//       rank there) / kHtChunkRows.
-//     receivers (the last blocks, about a third): for every chunk of rows
-//       from another source below the capacity, one thread waits (bounded)
-//       until chunk_arrived[s][c] equals the chunk's row count (known from
-//       the count exchange), resets it to 0, and the block copies those rows
-//       into the XLA outputs, while the other chunks are still in flight;
-//       then zero-fill the padding. Every block counts tokens per local
-//       expert of the rows it placed. The last block writes num_tokens.
-//     Senders never wait, so no block waits for one of its own kernel.
+// dispatch = one kernel, ht_dispatch (num_sms blocks, all resident at once;
+// the first ones send, the last third receive):
+//   1. Send plan (each sender block, in shared memory): every token's rank
+//      mask (one byte; a token counts once per rank) and this rank's rows per
+//      destination before each tile of W = send blocks x warps tokens (an
+//      exclusive scan over the tokens, in token order).
+//   2. Count exchange: block 0 zeroes tokens_per_expert, writes this rank's
+//      totals into every rank's counts[p][me][*] and then sets
+//      notify_flags[p][me] there (st.release.sys), p = seq parity. Every block
+//      waits for every rank's flag (its own included, which orders the zeroing
+//      before its adds) and reads the R x R matrix: on receiver r, source s's
+//      rows start at sum_{s'<s} counts[s'][r], in source token order; rows at
+//      or past the capacity are dropped (send_row = -1).
+//   3. Senders: one warp per token (tokens t = warp + k*W). Token t's row on
+//      rank r = r's first row for this rank + its tile's base + the tile's
+//      earlier tokens for r (ballots over the masks). The warp loads the row
+//      once (16-byte loads) and stores it, with its scales, source token index
+//      and top-k (rewritten to the receiver's local experts), straight to its
+//      final row in each peer's recv_* buffers; rows for this rank itself go
+//      straight into the XLA outputs (no second copy). It writes send_row[t].
+//      Every publish_tokens() tokens and after its last: __syncwarp, then lane
+//      r fences (fence.acq_rel.sys) and adds each held row to peer r's
+//      chunk_arrived[me][c] (red.relaxed.sys), c = (row - r's first row for
+//      this rank) / kHtChunkRows.
+//   4. Receivers, and senders once done: take chunks of rows from other
+//      sources below the capacity in (source, chunk) order from a ticket
+//      counter (ht_recv_ticket); one thread waits (bounded) until
+//      chunk_arrived[s][c] equals the chunk's row count, resets it to 0, and
+//      the block copies those rows into the XLA outputs while other chunks
+//      are still in flight. Receivers then zero-fill the padding. Every block
+//      counts tokens per local expert of the rows it placed; the last block
+//      writes num_tokens and resets the ticket.
+//   No block waits for a sender of its own kernel, and only for the count
+//   exchange on this rank; a rank waits for a peer's rows only in step 4.
 // Buffer reuse:
 //   * recv_*/chunk_arrived: a peer writes them for the next dispatch only after
-//     this rank's notify flag of that dispatch, which this rank sends after it
-//     finished copying out (and resetting the counters of) this one (stream
-//     order).
-//   * counts/notify_flags alternate by the parity p of seq. A peer publishes
-//     its counts for dispatch n+1 without any handshake, and it may get there
-//     while this rank is still in notify n: a peer that receives no rows from
-//     this rank never waits for this rank's sends. It can publish into parity p
-//     again (dispatch n+2) only after notify n+1 saw this rank's flag n+1, which
-//     this rank sends after it finished notify n.
+//     this rank's notify flag of that dispatch, which this rank sends in the
+//     next dispatch kernel, after this one finished copying out (and
+//     resetting the counters) (stream order).
+//   * counts/notify_flags alternate by parity. A peer publishes its counts for
+//     dispatch n+1 without any handshake, and it may get there while this rank
+//     is still in dispatch n (a peer that receives no rows from this rank
+//     never waits for this rank's sends). It can publish into parity p again
+//     (dispatch n+2) only after its dispatch n+1 saw this rank's flag n+1,
+//     which this rank sends after dispatch n ended.
 //
 // combine = two kernels:
 //   ht_combine_send: received row i (source s != me, token t) goes to s's
@@ -65,26 +73,18 @@
 namespace jax_ep::cuda {
 namespace {
 
-constexpr int kNotifyThreads = 1024;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarpSize;
 
 // Profiling hooks (JAX_EP_PROFILE=1; no-ops when ctx.profile is null). Slots:
 // ep_types.h DeviceProfile. A role's time runs from block 0's start to the
 // latest end among the role's blocks; the last block of the call closes it.
-constexpr int kProfNotify = 4, kProfDispatchSend = 5, kProfDispatchRecv = 6,
+constexpr int kProfCounts = 4, kProfDispatchSend = 5, kProfDispatchRecv = 6,
               kProfCombineSend = 7, kProfCombineRecv = 8;
 
-// `after`: the slot whose last end precedes this kernel on the stream (its
-// gap_ns gets this start minus that end), or -1.
-__device__ __forceinline__ void ht_profile_start(const HtContext& ctx, int k, int after = -1) {
+__device__ __forceinline__ void ht_profile_start(const HtContext& ctx, int k) {
   if (ctx.profile != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
-    const uint64_t now = global_timer_ns();
-    ctx.profile->start[k] = now;
-    if (after >= 0) {
-      const uint64_t before = ctx.profile->end[after];
-      if (before != 0 && before < now) ctx.profile->gap_ns[k] += now - before;
-    }
+    ctx.profile->start[k] = global_timer_ns();
   }
 }
 // Thread 0 of each block of the role, once the block's part is done.
@@ -102,12 +102,18 @@ __device__ __forceinline__ void ht_profile_wait(const HtContext& ctx, int k, uin
     atomicAdd(reinterpret_cast<unsigned long long*>(&ctx.profile->blocks[k]), 1ull);
   }
 }
+// HT dispatch timeline (DeviceProfile::ht_trace); one thread calls it.
+__device__ __forceinline__ void ht_trace(const HtContext& ctx, uint32_t seq, int event,
+                                         uint64_t at = 0) {
+  if (ctx.profile != nullptr) {
+    ctx.profile->ht_trace[seq % kHtTraceCalls][event] = at != 0 ? at : global_timer_ns();
+  }
+}
 // One thread of the call's last block, after every block's role_end.
 __device__ __forceinline__ void ht_profile_close(const HtContext& ctx, int k) {
   if (ctx.profile != nullptr) {
     DeviceProfile* p = ctx.profile;
     if (p->role_end[k] > p->start[k]) p->total_ns[k] += p->role_end[k] - p->start[k];
-    p->end[k] = max(p->role_end[k], global_timer_ns());
     p->role_end[k] = 0;
     p->calls[k] += 1;
   }
@@ -151,117 +157,84 @@ __device__ __forceinline__ void block_exclusive_scan(int (&v)[kHtMaxRanks],
   for (int r = 0; r < kHtMaxRanks; ++r) v[r] = inclusive[r] - v[r] + s_warp[warp][r];
 }
 
+// e / experts_per_rank without a division: __umulhi(e, ceil(2^32 / experts_per_rank))
+// is exact while e * experts_per_rank < 2^32 (here E <= 8 * 1024).
+struct ExpertRank {
+  uint32_t magic;
+  int experts_per_rank;
+  __device__ __forceinline__ explicit ExpertRank(int per_rank)
+      : magic(per_rank > 1 ? static_cast<uint32_t>((0x100000000ull + per_rank - 1) / per_rank)
+                           : 0u),
+        experts_per_rank(per_rank) {}
+  __device__ __forceinline__ int operator()(int e) const {
+    return experts_per_rank > 1 ? static_cast<int>(__umulhi(static_cast<uint32_t>(e), magic)) : e;
+  }
+};
+
 // Rank bit of one top-k entry (0 for -1); counts entries outside [-1, E).
-__device__ __forceinline__ uint32_t entry_rank_bit(int e, int num_experts, int experts_per_rank,
-                                                   int* invalid) {
-  if (e >= 0 && e < num_experts) return 1u << (e / experts_per_rank);
+__device__ __forceinline__ uint32_t entry_rank_bit(int e, int num_experts,
+                                                   const ExpertRank& rank_of, int* invalid) {
+  if (e >= 0 && e < num_experts) return 1u << rank_of(e);
   if (e != -1) ++*invalid;
   return 0u;
 }
 
 // Bitmask of the ranks token t goes to (a token counts once per rank).
 __device__ __forceinline__ uint32_t token_ranks(const int32_t* topk, int num_topk, int num_experts,
-                                                int experts_per_rank, int* invalid) {
+                                                const ExpertRank& rank_of, int* invalid) {
   uint32_t mask = 0;
   for (int k = 0; k < num_topk; ++k) {
-    mask |= entry_rank_bit(topk[k], num_experts, experts_per_rank, invalid);
+    mask |= entry_rank_bit(topk[k], num_experts, rank_of, invalid);
   }
   return mask;
 }
 
-// Dynamic shared memory of ht_notify: one rank mask per token, up to this size
-// (beyond it the masks are recomputed from global memory, the slow path).
-constexpr size_t kNotifyMaxSmem = 200 * 1024;
+// Senders' dynamic shared memory: every token's rank mask (one byte: R <= 8)
+// and, per tile of W = (send blocks x warps) consecutive tokens, this rank's
+// rows for each destination before the tile. At most kHtMaxTokens tokens.
+constexpr size_t kDispatchMaxSmem = 200 * 1024;
 
-__global__ void __launch_bounds__(kNotifyThreads, 1)
-    ht_notify(HtContext ctx, const int32_t* __restrict__ topk_idx, int num_tokens, int capacity,
-              int32_t* __restrict__ out_send_row, int32_t* __restrict__ out_num_invalid,
-              int32_t* __restrict__ out_tokens_per_expert, bool masks_in_smem) {
-  extern __shared__ uint32_t s_token_ranks[];  // [num_tokens] when masks_in_smem
-  __shared__ int s_warp[kWarpSize][kHtMaxRanks];  // scan scratch
-  __shared__ int s_total[kHtMaxRanks];
-  __shared__ int s_matrix[kHtMaxRanks][kHtMaxRanks];
-  __shared__ int s_invalid;
+__host__ __device__ constexpr size_t dispatch_mask_bytes(int num_tokens) {
+  return (static_cast<size_t>(num_tokens) + 15) / 16 * 16;
+}
+__host__ __device__ constexpr int dispatch_num_tiles(int num_tokens, int tile_tokens) {
+  return (num_tokens + tile_tokens - 1) / tile_tokens;
+}
+__host__ __device__ constexpr size_t dispatch_smem_bytes(int num_tokens, int tile_tokens,
+                                                         int num_ranks) {
+  return dispatch_mask_bytes(num_tokens) +
+         sizeof(int) * static_cast<size_t>(dispatch_num_tiles(num_tokens, tile_tokens)) * num_ranks;
+}
+
+// The count exchange, first half (block 0, threads < R, once s_total holds
+// this rank's rows per destination): this rank's row of the count matrix to
+// every rank, then its notify flag (st.release.sys, after the block barrier
+// that followed the zeroing of tokens_per_expert, which the flag thus covers).
+__device__ __forceinline__ void publish_counts(const HtContext& ctx, uint32_t seq,
+                                               const int* s_total) {
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
-  const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_dispatch_seq) + 1;
-  ht_profile_start(ctx, kProfNotify, kProfDispatchRecv);
-  // Parity buffers (see "Buffer reuse" above).
+  if (blockIdx.x != 0 || static_cast<int>(threadIdx.x) >= R) return;
   int32_t* counts = ctx.buffers.counts + (seq & 1) * R * R;
   uint64_t* notify_flags = ctx.buffers.notify_flags + (seq & 1) * R;
-  // Contiguous token chunk per thread keeps the per-rank order = token order.
-  const int per_thread = (num_tokens + blockDim.x - 1) / blockDim.x;
-  const int t0 = min(num_tokens, static_cast<int>(threadIdx.x) * per_thread);
-  const int t1 = min(num_tokens, t0 + per_thread);
-  if (threadIdx.x == 0) s_invalid = 0;
-  for (int e = threadIdx.x; e < d.experts_per_rank; e += blockDim.x) out_tokens_per_expert[e] = 0;
-  int invalid = 0;
-  if (masks_in_smem) {
-    // Every token's rank mask, from coalesced loads all in flight at once
-    // (the per-token loop below would wait for one load at a time).
-    for (int t = threadIdx.x; t < num_tokens; t += blockDim.x) s_token_ranks[t] = 0u;
-    __syncthreads();
-    const int num_entries = num_tokens * d.num_topk;
-    if (d.num_topk % 4 == 0 && reinterpret_cast<uintptr_t>(topk_idx) % 16 == 0) {
-      // Four entries of one token per 16-byte load.
-      constexpr int kBatch = 8;
-      const int4* entries = reinterpret_cast<const int4*>(topk_idx);
-      const int num_vec = num_entries / 4;
-      for (int base = threadIdx.x; base < num_vec; base += kBatch * blockDim.x) {
-        int4 four[kBatch];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int v = base + u * static_cast<int>(blockDim.x);
-          four[u] = v < num_vec ? __ldg(entries + v) : make_int4(-1, -1, -1, -1);
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int v = base + u * static_cast<int>(blockDim.x);
-          const uint32_t mask =
-              entry_rank_bit(four[u].x, d.num_experts, d.experts_per_rank, &invalid) |
-              entry_rank_bit(four[u].y, d.num_experts, d.experts_per_rank, &invalid) |
-              entry_rank_bit(four[u].z, d.num_experts, d.experts_per_rank, &invalid) |
-              entry_rank_bit(four[u].w, d.num_experts, d.experts_per_rank, &invalid);
-          if (mask != 0u) atomicOr(s_token_ranks + (4 * v) / d.num_topk, mask);
-        }
-      }
-    } else {
-#pragma unroll 8
-      for (int i = threadIdx.x; i < num_entries; i += blockDim.x) {
-        const uint32_t bit = entry_rank_bit(__ldg(topk_idx + i), d.num_experts,
-                                            d.experts_per_rank, &invalid);
-        if (bit != 0u) atomicOr(s_token_ranks + i / d.num_topk, bit);
-      }
-    }
-    __syncthreads();
-  }
-  // Ranks of token t (the slow path counts invalid entries here instead).
-  auto ranks_of = [&](int t, int* invalid_count) {
-    return masks_in_smem ? s_token_ranks[t]
-                         : token_ranks(topk_idx + t * d.num_topk, d.num_topk, d.num_experts,
-                                       d.experts_per_rank, invalid_count);
-  };
-  int running[kHtMaxRanks] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int t = t0; t < t1; ++t) {
-    const uint32_t mask = ranks_of(t, &invalid);
-#pragma unroll
-    for (int r = 0; r < kHtMaxRanks; ++r) running[r] += (mask >> r) & 1u;
-  }
-  __syncthreads();  // s_invalid initialised
-  if (invalid) atomicAdd(&s_invalid, invalid);
-  // running[r] becomes this thread's first row among this rank's rows for r.
-  block_exclusive_scan(running, s_warp, s_total);
-  // Publish this rank's row of the count matrix to every rank, then its flag.
-  if (threadIdx.x < R) {
-    const int r = threadIdx.x;
-    int32_t* row_local = counts + d.rank * R;
-    auto* row = static_cast<int32_t*>(transport::peer_ptr(row_local, r));
-    for (int j = 0; j < R; ++j) row[j] = s_total[j];
-    auto* flag = static_cast<uint64_t*>(transport::peer_ptr(notify_flags + d.rank, r));
-    __threadfence_system();
-    st_release_sys(flag, make_flag(seq, 1));
-  }
-  // Wait for every source's row.
+  const int r = threadIdx.x;
+  auto* row = static_cast<int32_t*>(transport::peer_ptr(counts + d.rank * R, r));
+  for (int j = 0; j < R; ++j) row[j] = s_total[j];
+  auto* flag = static_cast<uint64_t*>(transport::peer_ptr(notify_flags + d.rank, r));
+  __threadfence_system();
+  st_release_sys(flag, make_flag(seq, 1));
+}
+
+// The count exchange, second half (every block): waits for every rank's
+// notify flag, its own rank's included, and reads the matrix. Leaves in shared
+// memory: s_prefix[s] (first row of source s here, [R] = received) and
+// s_row_offset[r] (first row of this rank's tokens on r).
+__device__ void receive_counts(const HtContext& ctx, uint32_t seq, int (*s_matrix)[kHtMaxRanks],
+                               int* s_prefix, int* s_row_offset) {
+  const EpDims d = ctx.dims;
+  const int R = d.num_ranks;
+  const int32_t* counts = ctx.buffers.counts + (seq & 1) * R * R;
+  const uint64_t* notify_flags = ctx.buffers.notify_flags + (seq & 1) * R;
   if (threadIdx.x < R) {
     const int s = threadIdx.x;
     const uint32_t got = wait_flag(notify_flags + s, seq, ctx.timeout_ns, ctx.status,
@@ -272,42 +245,126 @@ __global__ void __launch_bounds__(kNotifyThreads, 1)
     }
   }
   __syncthreads();
-  if (ctx.profile != nullptr && threadIdx.x == 0) {
-    ht_profile_wait(ctx, kProfNotify, global_timer_ns() - ctx.profile->start[kProfNotify]);
-  }
   if (threadIdx.x == 0) {
-    HtPlan* plan = ctx.plan;
     int prefix = 0;
     for (int s = 0; s < R; ++s) {
-      plan->recv_prefix[s] = prefix;
-      plan->recv_count[s] = s_matrix[s][d.rank];
+      s_prefix[s] = prefix;
       prefix += s_matrix[s][d.rank];
     }
-    plan->recv_prefix[R] = prefix;
+    s_prefix[R] = prefix;
     for (int r = 0; r < R; ++r) {
       int offset = 0;
       for (int s = 0; s < d.rank; ++s) offset += s_matrix[s][r];
-      plan->row_offset[r] = offset;
-      s_total[r] = offset;  // reused: row offset on receiver r
+      s_row_offset[r] = offset;
     }
-    *out_num_invalid = s_invalid;
   }
   __syncthreads();
-  for (int t = t0; t < t1; ++t) {
-    int dummy = 0;
-    const uint32_t mask = ranks_of(t, &dummy);
-    for (int r = 0; r < R; ++r) {
-      int row = -1;
-      if ((mask >> r) & 1u) {
-        row = s_total[r] + running[r]++;
-        if (row >= capacity) row = -1;
+}
+
+// Tokens per thread and batch of mask loads (all in flight at once).
+constexpr int kMaskBatch = 8;
+
+// A sender block's first step: every token's rank mask into s_mask (one
+// thread per token, a batch of tokens' 16-byte top-k loads in flight per
+// thread, no atomics), then s_tile_base[k][r]: rows this rank sends to r from
+// tokens before tile k, and s_total[r]: all of them (the row of the count
+// matrix). Rows land in token order, so a token's row on rank r is the tile's
+// base plus its earlier tokens in the tile going to r.
+// Returns the block's count of top-k entries outside [-1, E).
+__device__ int build_send_plan(const HtContext& ctx, const HtDispatchArgs& args, uint32_t seq,
+                               uint8_t* s_mask, int* s_tile_base, int tile_tokens,
+                               int (*s_warp)[kHtMaxRanks], int* s_total) {
+  const EpDims d = ctx.dims;
+  const int R = d.num_ranks;
+  const int T = args.num_tokens;
+  const int K = d.num_topk;
+  const ExpertRank rank_of(d.experts_per_rank);
+  int invalid = 0;
+  auto four_bits = [&](const int4& four) {
+    return entry_rank_bit(four.x, d.num_experts, rank_of, &invalid) |
+           entry_rank_bit(four.y, d.num_experts, rank_of, &invalid) |
+           entry_rank_bit(four.z, d.num_experts, rank_of, &invalid) |
+           entry_rank_bit(four.w, d.num_experts, rank_of, &invalid);
+  };
+  if (K % 4 == 0 && reinterpret_cast<uintptr_t>(args.topk_idx) % 16 == 0) {
+    // Up to two 16-byte loads per token (K <= 8) in the first round.
+    const int4* entries = reinterpret_cast<const int4*>(args.topk_idx);
+    const int vec_per_token = K / 4;
+    const int4 none = make_int4(-1, -1, -1, -1);
+    for (int first = threadIdx.x; first < T; first += kMaskBatch * blockDim.x) {
+      int4 lo[kMaskBatch], hi[kMaskBatch];
+#pragma unroll
+      for (int u = 0; u < kMaskBatch; ++u) {
+        const int t = first + u * static_cast<int>(blockDim.x);
+        lo[u] = t < T ? __ldg(entries + t * vec_per_token) : none;
+        hi[u] = t < T && vec_per_token > 1 ? __ldg(entries + t * vec_per_token + 1) : none;
       }
-      out_send_row[t * R + r] = row;
+#pragma unroll
+      for (int u = 0; u < kMaskBatch; ++u) {
+        const int t = first + u * static_cast<int>(blockDim.x);
+        if (t >= T) continue;
+        uint32_t mask = four_bits(lo[u]) | four_bits(hi[u]);
+        for (int v = 2; v < vec_per_token; ++v) mask |= four_bits(__ldg(entries + t * vec_per_token + v));
+        s_mask[t] = static_cast<uint8_t>(mask);
+      }
+    }
+  } else {
+    for (int t = threadIdx.x; t < T; t += blockDim.x) {
+      s_mask[t] = static_cast<uint8_t>(
+          token_ranks(args.topk_idx + t * K, K, d.num_experts, rank_of, &invalid));
     }
   }
   __syncthreads();
-  ht_profile_role_end(ctx, kProfNotify);
-  if (threadIdx.x == 0) ht_profile_close(ctx, kProfNotify);
+  if (blockIdx.x == 0 && threadIdx.x == 0) ht_trace(ctx, seq, kTraceMasks);
+  // A contiguous range of tokens per thread: an exclusive scan over the
+  // threads gives each range's first row per rank, then the walk over the
+  // range stamps the bases of the tiles that start in it.
+  const int per_thread = (T + blockDim.x - 1) / blockDim.x;
+  const int t0 = min(T, static_cast<int>(threadIdx.x) * per_thread);
+  const int t1 = min(T, t0 + per_thread);
+  int running[kHtMaxRanks] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int t = t0; t < t1; ++t) {
+    const uint32_t mask = s_mask[t];
+#pragma unroll
+    for (int r = 0; r < kHtMaxRanks; ++r) running[r] += (mask >> r) & 1u;
+  }
+  block_exclusive_scan(running, s_warp, s_total);
+  if (blockIdx.x == 0 && threadIdx.x == 0) ht_trace(ctx, seq, kTraceScan);
+  publish_counts(ctx, seq, s_total);  // block 0: the exchange starts before the tile walk
+  for (int t = t0; t < t1; ++t) {
+    const uint32_t mask = s_mask[t];
+    if (t % tile_tokens == 0) {
+#pragma unroll
+      for (int r = 0; r < kHtMaxRanks; ++r) {
+        if (r < R) s_tile_base[(t / tile_tokens) * R + r] = running[r];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kHtMaxRanks; ++r) running[r] += (mask >> r) & 1u;
+  }
+  __syncthreads();
+  return invalid;
+}
+
+// Token t's row on each rank (lane r < R; -1 where it does not go or lands
+// past the capacity): its tile's base plus the tile's earlier tokens that go
+// to r (ballots over their masks), on top of this rank's first row there.
+__device__ __forceinline__ int token_row(const uint8_t* s_mask, const int* s_tile_base,
+                                         const int* s_row_offset, int t, int tile_tokens, int R,
+                                         int capacity, int lane) {
+  const int tile_first = t - t % tile_tokens;
+  int before = 0;
+  for (int base = tile_first; base < t; base += kWarpSize) {
+    const int other = base + lane;
+    const uint32_t mask = other < t ? s_mask[other] : 0u;
+    for (int r = 0; r < R; ++r) {
+      const int count = __popc(__ballot_sync(0xffffffffu, (mask >> r) & 1u));
+      if (lane == r) before += count;
+    }
+  }
+  if (lane >= R || ((s_mask[t] >> lane) & 1u) == 0u) return -1;
+  const int row = s_row_offset[lane] + s_tile_base[(t / tile_tokens) * R + lane] + before;
+  return row < capacity ? row : -1;
 }
 
 // Counts each local expert of a row once (first occurrence among the lanes
@@ -348,10 +405,29 @@ __device__ __forceinline__ void store_scale_words(uint32_t* dst,
   }
 }
 
+// A sender warp publishes its rows (one fence, then the counter adds) once it
+// has stored about kPublishBytes of rows since the last publication, and after
+// its last token: at most kMaxHeldTokens + 1 tokens. Measured on 2x H200
+// (2026-11-30, docs/benchmarks.md), BF16 / FP8 dispatch: every token 260 / 181
+// us, every 2 tokens 238 / 154, every 4 234 / 157, every 8 251 / 148; the
+// bytes rule picks 4 for BF16 and 8 for FP8 rows of hidden 7168. Holding more
+// leaves more rows to copy out after the last publication.
+constexpr size_t kPublishBytes = 64 * 1024;
+constexpr int kMaxHeldTokens = 7;
+
+__host__ __device__ constexpr int publish_tokens(size_t row_bytes) {
+  const size_t tokens = row_bytes == 0 ? 1 : kPublishBytes / row_bytes;
+  return tokens < 1                    ? 1
+         : tokens > kMaxHeldTokens + 1 ? kMaxHeldTokens + 1
+                                       : static_cast<int>(tokens);
+}
+static_assert(publish_tokens(7168 * 2) == 4 && publish_tokens(7168) == 8, "see above");
+
 template <bool kHasScales>
 __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const HtDispatchArgs& args,
                                                    int send_block, int num_send_blocks,
-                                                   int* s_tpe, const int* s_row_offset) {
+                                                   int* s_tpe, const int* s_row_offset,
+                                                   const uint8_t* s_mask, const int* s_tile_base) {
   // Where rows for rank r go: r's recv_x, or this rank's XLA output for r == me.
   __shared__ char* s_dst_x[kHtMaxRanks];
   __shared__ size_t s_dst_stride[kHtMaxRanks];
@@ -361,6 +437,7 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_vec = static_cast<int>(args.row_bytes / 16);
   const int scale_words = kHasScales ? static_cast<int>(args.scale_bytes / 4) : 0;
+  const ExpertRank rank_of(d.experts_per_rank);
   // 16-byte vectors per lane per load batch (16 was measured no faster for
   // BF16 and slower for FP8 in sessions 4 and 5).
   constexpr int kUnroll = 8;
@@ -372,12 +449,25 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     s_dst_stride[r] = self ? args.row_bytes : b.row_bytes;
   }
   __syncthreads();
-  for (int t = send_block * kWarps + warp; t < args.num_tokens; t += num_send_blocks * kWarps) {
-    // Every load of token t goes out before its first store: its row on each
-    // rank (lane r), its top-k and weights (lane k), its scales and the first
-    // batch of its row. One dependent load round trip per token, not one per
-    // destination and field (the per-row cost the session-3 token sweep saw).
-    const int my_row = lane < R ? __ldg(args.out_send_row + t * R + lane) : -1;
+  const int tile_tokens = num_send_blocks * kWarps;
+  const int first_token = send_block * kWarps + warp;
+  // Token t's rows are worked out while the loads of the token before are in
+  // flight (shared-memory ballots, no global round trip on the way).
+  int next_row = first_token < args.num_tokens
+                     ? token_row(s_mask, s_tile_base, s_row_offset, first_token, tile_tokens, R,
+                                 args.capacity, lane)
+                     : -1;
+  // This lane's chunks (on peer `lane`, -1: none) of the tokens held back for
+  // the next publication; num_held of them (warp-uniform).
+  int held_chunks[kMaxHeldTokens];
+  int num_held = 0;
+  const int tokens_per_publication = publish_tokens(args.row_bytes);
+  for (int t = first_token; t < args.num_tokens; t += tile_tokens) {
+    // Every load of token t goes out before its first store: its top-k and
+    // weights (lane k), its scales and the first batch of its row. One
+    // dependent load round trip per token, not one per destination and field
+    // (the per-row cost the session-3 token sweep saw).
+    const int my_row = next_row;
     const int expert = lane < d.num_topk ? __ldg(args.topk_idx + t * d.num_topk + lane) : -1;
     const float weight =
         lane < d.num_topk ? __ldg(args.topk_weights + t * d.num_topk + lane) : 0.0f;
@@ -390,10 +480,16 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     }
     const int4* src = reinterpret_cast<const int4*>(static_cast<const char*>(args.x) +
                                                     static_cast<size_t>(t) * args.row_bytes);
+    int4 batch[kUnroll];
+    warp_load_batch(batch, src, 0, num_vec, lane);
+    if (lane < R) args.out_send_row[t * R + lane] = my_row;
+    if (t + tile_tokens < args.num_tokens) {
+      next_row = token_row(s_mask, s_tile_base, s_row_offset, t + tile_tokens, tile_tokens, R,
+                           args.capacity, lane);
+    }
     // Each batch of the row is loaded once and stored to every destination.
     for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
-      int4 batch[kUnroll];
-      warp_load_batch(batch, src, base, num_vec, lane);
+      if (base > 0) warp_load_batch(batch, src, base, num_vec, lane);
       for (int r = 0; r < R; ++r) {
         const int row = __shfl_sync(0xffffffffu, my_row, r);
         if (row < 0) continue;
@@ -414,7 +510,7 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
       }
       int local = -1;
       if (lane < d.num_topk) {
-        const bool mine = expert >= 0 && expert < d.num_experts && expert / d.experts_per_rank == r;
+        const bool mine = expert >= 0 && expert < d.num_experts && rank_of(expert) == r;
         local = mine ? expert - r * d.experts_per_rank : -1;
         auto* idx = self ? args.out_idx : static_cast<int32_t*>(transport::peer_ptr(b.recv_idx, r));
         auto* w = self ? args.out_w : static_cast<float*>(transport::peer_ptr(b.recv_w, r));
@@ -424,17 +520,39 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
       if (self) {
         if (lane == 0) args.out_recv_src[row] = d.rank * args.num_tokens + t;
         count_row_experts(local, d.num_topk, s_tpe, lane);
-      } else {
-        if (lane == 0) static_cast<int32_t*>(transport::peer_ptr(b.recv_src, r))[row] = t;
-        __syncwarp();  // every lane's stores of this row come before the release below
-        if (lane == 0) {
-          const int chunk = (row - s_row_offset[r]) / kHtChunkRows;
-          red_add_release_sys(static_cast<uint32_t*>(transport::peer_ptr(
-                                  b.chunk_arrived + d.rank * b.chunks_per_source + chunk, r)),
-                              1u);
-        }
+      } else if (lane == 0) {
+        static_cast<int32_t*>(transport::peer_ptr(b.recv_src, r))[row] = t;
       }
     }
+    // Publication, every kPublishTokens tokens of the warp (and after its
+    // last): lane r adds the rows stored for peer r since the last one to
+    // their chunks' counters, behind one fence (the release pattern: the fence
+    // orders every lane's stores, which __syncwarp ordered before it, before
+    // the adds). A fence waits for the warp's stores to be acknowledged, a
+    // round trip over NVLink; one per row cost the FP8 dispatch a sixth.
+    const int chunk = lane < R && lane != d.rank && my_row >= 0
+                          ? (my_row - s_row_offset[lane]) / kHtChunkRows
+                          : -1;
+    if (num_held + 1 < tokens_per_publication && t + tile_tokens < args.num_tokens) {
+#pragma unroll
+      for (int i = 0; i < kMaxHeldTokens; ++i) {
+        if (i == num_held) held_chunks[i] = chunk;
+      }
+      ++num_held;
+      continue;
+    }
+    __syncwarp();
+    if (lane < R && lane != d.rank) {
+      fence_acq_rel_sys();
+      uint32_t* counters = static_cast<uint32_t*>(
+          transport::peer_ptr(b.chunk_arrived + d.rank * b.chunks_per_source, lane));
+#pragma unroll
+      for (int i = 0; i < kMaxHeldTokens; ++i) {
+        if (i < num_held && held_chunks[i] >= 0) red_add_relaxed_sys(counters + held_chunks[i], 1u);
+      }
+      if (chunk >= 0) red_add_relaxed_sys(counters + chunk, 1u);
+    }
+    num_held = 0;
   }
 }
 
@@ -443,11 +561,16 @@ constexpr int kRowsPerWarp = kHtChunkRows / kWarps;
 static_assert(kHtChunkRows % kWarps == 0, "a chunk's rows split evenly over the warps");
 
 // Returns the time thread 0 spent waiting for chunks (profiling only; else 0).
+// Chunks are handed out in (source, chunk) order by a ticket counter, so a
+// sender block that is done can take the last ones. `recv_block` <
+// `num_recv_blocks`: a receiver block, which also zero-fills its share of the
+// padding; -1: a sender block helping.
 template <bool kHasScales>
 __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
                                                        const HtDispatchArgs& args, int recv_block,
                                                        int num_recv_blocks, int* s_tpe,
                                                        const int* s_prefix, int kept) {
+  __shared__ int s_item;
   uint64_t waited_ns = 0;
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
@@ -463,7 +586,13 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
     num_chunks[s] = (rows + kHtChunkRows - 1) / kHtChunkRows;
     total_chunks += num_chunks[s];
   }
-  for (int item = recv_block; item < total_chunks; item += num_recv_blocks) {
+  for (;;) {
+    if (threadIdx.x == 0) {
+      s_item = static_cast<int>(atomicAdd(&ctx.counters->ht_recv_ticket, 1u));
+    }
+    __syncthreads();
+    const int item = s_item;
+    if (item >= total_chunks) break;  // block-uniform
     int s = 0, c = item;
     while (c >= num_chunks[s]) c -= num_chunks[s++];
     const int first = s_prefix[s] + c * kHtChunkRows;
@@ -533,6 +662,7 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
     }
     __syncthreads();  // thread 0 moves on to the next chunk's wait only after the copies
   }
+  if (recv_block < 0) return waited_ns;
   // Padding rows [kept, capacity).
   for (int row = kept + recv_block * kWarps + warp; row < args.capacity;
        row += num_recv_blocks * kWarps) {
@@ -556,39 +686,77 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
 template <bool kHasScales>
 __global__ void __launch_bounds__(kThreads, 1)
     ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks) {
+  extern __shared__ __align__(16) uint8_t s_send_plan[];  // senders: dispatch_smem_bytes()
   __shared__ int s_prefix[kHtMaxRanks + 1];
   __shared__ int s_row_offset[kHtMaxRanks];
   __shared__ int s_tpe[1024];
+  __shared__ int s_warp[kWarpSize][kHtMaxRanks];  // scan scratch
+  __shared__ int s_total[kHtMaxRanks];
+  __shared__ int s_matrix[kHtMaxRanks][kHtMaxRanks];
+  __shared__ int s_invalid;
   const EpDims d = ctx.dims;
-  const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_dispatch_seq) + 1;
-  ht_profile_start(ctx, kProfDispatchSend, kProfNotify);
+  ht_profile_start(ctx, kProfCounts);
+  ht_profile_start(ctx, kProfDispatchSend);
   ht_profile_start(ctx, kProfDispatchRecv);
-  uint64_t waited_ns = 0;  // thread 0 of a receiver block (profiling)
-  for (int i = threadIdx.x; i <= R; i += blockDim.x) s_prefix[i] = ctx.plan->recv_prefix[i];
-  for (int r = threadIdx.x; r < R; r += blockDim.x) s_row_offset[r] = ctx.plan->row_offset[r];
-  for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) s_tpe[e] = 0;
-  __syncthreads();
-  const int received = s_prefix[R];
-  const int kept = min(received, args.capacity);
+  if (blockIdx.x == 0 && threadIdx.x == 0) ht_trace(ctx, seq, kTraceStart);
   // With a single block, it sends first and then receives.
   const bool single = gridDim.x == 1;
-  if (single || static_cast<int>(blockIdx.x) < num_send_blocks) {
-    dispatch_send_role<kHasScales>(ctx, args, blockIdx.x, num_send_blocks, s_tpe, s_row_offset);
-  }
-  if (single || static_cast<int>(blockIdx.x) >= num_send_blocks) {
-    const int recv_block = single ? 0 : blockIdx.x - num_send_blocks;
-    const int num_recv_blocks = single ? 1 : gridDim.x - num_send_blocks;
-    waited_ns = dispatch_recv_role<kHasScales>(ctx, args, recv_block, num_recv_blocks, s_tpe,
-                                               s_prefix, kept);
+  const bool sender = single || static_cast<int>(blockIdx.x) < num_send_blocks;
+  const bool receiver = single || static_cast<int>(blockIdx.x) >= num_send_blocks;
+  const int tile_tokens = num_send_blocks * kWarps;
+  uint8_t* s_mask = s_send_plan;
+  int* s_tile_base = reinterpret_cast<int*>(s_send_plan + dispatch_mask_bytes(args.num_tokens));
+  if (threadIdx.x == 0) s_invalid = 0;
+  for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) s_tpe[e] = 0;
+  if (blockIdx.x == 0) {  // before block 0 publishes its counts (publish_counts)
+    for (int e = threadIdx.x; e < d.experts_per_rank; e += blockDim.x) {
+      args.out_tokens_per_expert[e] = 0;
+    }
   }
   __syncthreads();
-  if (single || static_cast<int>(blockIdx.x) >= num_send_blocks) {
-    ht_profile_wait(ctx, kProfDispatchRecv, waited_ns);
-    ht_profile_role_end(ctx, kProfDispatchRecv);
-  } else {
+  if (sender) {
+    const int invalid =
+        build_send_plan(ctx, args, seq, s_mask, s_tile_base, tile_tokens, s_warp, s_total);
+    if (invalid) atomicAdd(&s_invalid, invalid);
+  }
+  const uint64_t plan_built = ctx.profile != nullptr ? global_timer_ns() : 0;
+  if (blockIdx.x == 0 && threadIdx.x == 0) ht_trace(ctx, seq, kTracePlanBuilt, plan_built);
+  receive_counts(ctx, seq, s_matrix, s_prefix, s_row_offset);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *args.out_num_invalid = s_invalid;
+    if (ctx.profile != nullptr) {
+      const uint64_t now = global_timer_ns();
+      ht_trace(ctx, seq, kTraceCounts, now);
+      ht_profile_wait(ctx, kProfCounts, now - plan_built);
+      ctx.profile->role_end[kProfCounts] = now;
+    }
+  }
+  const int received = s_prefix[d.num_ranks];
+  const int kept = min(received, args.capacity);
+  uint64_t waited_ns = 0;  // thread 0 of a receiver block (profiling)
+  if (sender) {
+    dispatch_send_role<kHasScales>(ctx, args, blockIdx.x, num_send_blocks, s_tpe, s_row_offset,
+                                   s_mask, s_tile_base);
+    __syncthreads();
     ht_profile_role_end(ctx, kProfDispatchSend);
   }
+  const int num_recv_blocks = single ? 1 : gridDim.x - num_send_blocks;
+  if (receiver) {
+    const int recv_block = single ? 0 : blockIdx.x - num_send_blocks;
+    waited_ns = dispatch_recv_role<kHasScales>(ctx, args, recv_block, num_recv_blocks, s_tpe,
+                                               s_prefix, kept);
+  } else {
+    // Done sending: help copy out the last chunks (measured 9 us off the
+    // BF16 dispatch's tail, 2026-11-30).
+    dispatch_recv_role<kHasScales>(ctx, args, -1, num_recv_blocks, s_tpe, s_prefix, kept);
+  }
+  __syncthreads();
+  if (receiver) {
+    ht_profile_wait(ctx, kProfDispatchRecv, waited_ns);
+    ht_profile_role_end(ctx, kProfDispatchRecv);
+  }
+  // tokens_per_expert was zeroed before the notify flag this block acquired.
   for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) {
     if (s_tpe[e]) atomicAdd(args.out_tokens_per_expert + e, s_tpe[e]);
   }
@@ -596,6 +764,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     *args.out_num_tokens = kept;
     *args.out_num_dropped = received - kept;
     ctx.counters->ht_dispatch_seq = seq;
+    ctx.counters->ht_recv_ticket = 0u;  // every block has taken its last ticket
+    if (ctx.profile != nullptr) {
+      ht_trace(ctx, seq, kTraceSendEnd, ctx.profile->role_end[kProfDispatchSend]);
+      ht_trace(ctx, seq, kTraceRecvEnd, ctx.profile->role_end[kProfDispatchRecv]);
+      ht_trace(ctx, seq, kTraceEnd);
+    }
+    ht_profile_close(ctx, kProfCounts);
     ht_profile_close(ctx, kProfDispatchSend);
     ht_profile_close(ctx, kProfDispatchRecv);
   }
@@ -756,26 +931,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
                              cudaStream_t stream) {
-  if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.experts_per_rank > 1024 ||
-      args.row_bytes % 16 != 0 || args.row_bytes > ctx.buffers.row_bytes ||
-      ctx.dims.num_topk > kWarpSize) {
-    return cudaErrorInvalidValue;
-  }
-  const size_t mask_bytes = sizeof(uint32_t) * static_cast<size_t>(args.num_tokens);
-  const bool masks_in_smem = mask_bytes <= kNotifyMaxSmem;
-  ht_notify<<<1, kNotifyThreads, masks_in_smem ? mask_bytes : 0, stream>>>(
-      ctx, args.topk_idx, args.num_tokens, args.capacity, args.out_send_row,
-      args.out_num_invalid, args.out_tokens_per_expert, masks_in_smem);
   // One SM budget for both roles: about a third of the blocks receive.
   const int grid = std::max(1, ctx.num_sms);
   // ctx.recv_divisor (3; JAX_EP_HT_RECV_DIVISOR, an experiment) sets the
   // share of receiver blocks: grid / divisor.
   const int num_send_blocks =
       grid == 1 ? 1 : grid - std::max(1, grid / std::max(2, ctx.recv_divisor));
+  const size_t smem =
+      dispatch_smem_bytes(args.num_tokens, num_send_blocks * kWarps, ctx.dims.num_ranks);
+  if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.experts_per_rank > 1024 ||
+      args.row_bytes % 16 != 0 || args.row_bytes > ctx.buffers.row_bytes ||
+      ctx.dims.num_topk > kWarpSize || args.num_tokens > kHtMaxTokens ||
+      smem > kDispatchMaxSmem) {
+    return cudaErrorInvalidValue;
+  }
   if (args.scales != nullptr) {
-    ht_dispatch<true><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
+    ht_dispatch<true><<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks);
   } else {
-    ht_dispatch<false><<<grid, kThreads, 0, stream>>>(ctx, args, num_send_blocks);
+    ht_dispatch<false><<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks);
   }
   return cudaGetLastError();
 }
@@ -794,9 +967,13 @@ cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cud
 
 cudaError_t PrepareHtKernels() {
   cudaFuncAttributes attrs;
-  cudaError_t err = cudaFuncSetAttribute(ht_notify, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kNotifyMaxSmem));
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_notify);
+  cudaError_t err = cudaFuncSetAttribute(
+      ht_dispatch<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(kDispatchMaxSmem));
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(ht_dispatch<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(kDispatchMaxSmem));
+  }
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_send);

@@ -13,8 +13,11 @@ namespace jax_ep::cuda {
 
 // Most EP ranks the HT kernels handle (one NVLink domain).
 constexpr int kHtMaxRanks = 8;
+// Most tokens per rank of an HT dispatch (its senders keep one byte per token,
+// and tile bases, in shared memory; jax_ep/backends/cuda.py HT_MAX_TOKENS).
+constexpr int kHtMaxTokens = 65536;
 
-// One HT dispatch: count exchange, row pushes, receive epilogue (three kernels
+// One HT dispatch: count exchange, row pushes, receive epilogue (one kernel
 // on `stream`). Rows are `row_bytes` wide (bf16 or fp8); optional per-row
 // scales of `scale_bytes`.
 struct HtDispatchArgs {

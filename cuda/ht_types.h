@@ -44,18 +44,9 @@ struct HtBuffers {
   size_t row_bytes;
 };
 
-// What the count exchange of one dispatch decided (device memory, read by the
-// kernels after it): rows are laid out by source rank on every receiver.
-struct HtPlan {
-  int32_t row_offset[8];    // first row of this rank's tokens on each receiver
-  int32_t recv_count[8];    // rows each source sends here
-  int32_t recv_prefix[9];   // first row of each source here; [R] = total received
-};
-
 struct HtContext {
   EpDims dims;
   HtBuffers buffers;
-  HtPlan* plan;              // device memory
   DeviceCounters* counters;  // device memory
   DeviceStatus* status;      // host-mapped
   uint64_t timeout_ns;

@@ -192,7 +192,6 @@ std::string Runtime::Init(int rank, int num_ranks, const std::string& uid, int d
   if (probe_ == nullptr) return "jax_ep: nvshmem_malloc of the peer probe failed";
   err = PrepareLlKernels();
   if (err == cudaSuccess) err = PrepareHtKernels();
-  if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void**>(&ht_plan_), sizeof(HtPlan));
   if (err != cudaSuccess) return CudaError("loading the kernels", err);
   err = cudaDeviceSynchronize();
   if (err != cudaSuccess) return CudaError("cudaDeviceSynchronize", err);
@@ -291,7 +290,6 @@ std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_th
   ht_.counters = counters_;
   ht_.status = status_device_;
   ht_.timeout_ns = timeout_ns;
-  ht_.plan = ht_plan_;
   ht_.profile = profile_;
   // Experiment knobs (docs/benchmarks.md); the defaults are the measured kernels.
   const char* divisor_env = std::getenv("JAX_EP_HT_RECV_DIVISOR");
@@ -343,8 +341,6 @@ std::string Runtime::Finalize() {
   probe_ = nullptr;
   if (counters_ != nullptr) cudaFree(counters_);
   counters_ = nullptr;
-  if (ht_plan_ != nullptr) cudaFree(ht_plan_);
-  ht_plan_ = nullptr;
   if (profile_ != nullptr) cudaFree(profile_);
   profile_ = nullptr;
   if (masked_device_ != nullptr) cudaFree(masked_device_);

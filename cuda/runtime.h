@@ -121,7 +121,6 @@ class Runtime {
   int32_t* slot_counters_ = nullptr;
   int* qp_handles_ = nullptr;
   DeviceProfile* profile_ = nullptr;
-  HtPlan* ht_plan_ = nullptr;
   uint32_t* masked_device_ = nullptr;         // [kMaxMaskedRanks] device memory
   uint32_t* masked_host_ = nullptr;           // [kMaxMaskedRanks] host-mapped mirror
   uint32_t* masked_host_on_device_ = nullptr; // the mirror's device address

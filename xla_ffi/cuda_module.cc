@@ -117,7 +117,7 @@ NB_MODULE(_jax_ep_cuda, m) {
     Check(Runtime::Get().ReadProfile(&p));
     const char* names[jax_ep::cuda::kProfileSlots] = {
         "ll_dispatch_send", "ll_dispatch_recv", "ll_combine_send", "ll_combine_recv",
-        "ht_notify", "ht_dispatch_send_role", "ht_dispatch_recv_role", "ht_combine_send",
+        "ht_dispatch_counts", "ht_dispatch_send_role", "ht_dispatch_recv_role", "ht_combine_send",
         "ht_combine_recv"};
     nb::dict d;
     for (int k = 0; k < jax_ep::cuda::kProfileSlots; ++k) {
@@ -129,10 +129,16 @@ NB_MODULE(_jax_ep_cuda, m) {
       // Per block and call where several blocks wait (HT receive roles).
       e["wait_us"] = p.wait_ns[k] / (p.blocks[k] ? static_cast<double>(p.blocks[k]) : n) / 1e3;
       if (k < 4) e["gap_after_send_us"] = p.gap_ns[k] / n / 1e3;
-      // HT: idle time on the stream before the kernel (previous call's end).
-      if (k == 4 || k == 5) e["gap_before_us"] = p.gap_ns[k] / n / 1e3;
       d[names[k]] = e;
     }
+    // HT dispatch timeline rows (seq % kHtTraceCalls), %globaltimer ns per event.
+    nb::list trace;
+    for (const auto& row : p.ht_trace) {
+      nb::list events;
+      for (uint64_t at : row) events.append(at);
+      trace.append(events);
+    }
+    if (p.calls[4] != 0) d["ht_trace"] = trace;
     return d;
   });
 }

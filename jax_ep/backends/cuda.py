@@ -45,6 +45,7 @@ def cached_routing(send_row: jax.Array, config: EpConfig) -> jax.Array:
 
 
 HT_MAX_RANKS = 8  # cuda/ht_launch.h kHtMaxRanks: one NVLink domain
+HT_MAX_TOKENS = 65536  # cuda/ht_launch.h kHtMaxTokens: tokens per rank of one HT dispatch
 LL_MAX_ROUTING_BYTES = 200 * 1024  # cuda/ll_kernels.cu kMaxDynamicSmem
 
 
@@ -74,7 +75,8 @@ class CudaBackend(XlaBackend):
 
   def ht_dispatch(self, payloads, topk_idx, topk_weights, config: EpConfig, capacity: int):
     num_ranks = jax.lax.axis_size(config.axis_name)
-    if not self.ht_kernel_supports(payloads, config, num_ranks):
+    if (not self.ht_kernel_supports(payloads, config, num_ranks)
+        or payloads[0].shape[0] > HT_MAX_TOKENS):
       return super().ht_dispatch(payloads, topk_idx, topk_weights, config, capacity)
     if config.debug_checks:
       self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index

@@ -71,8 +71,10 @@ def main(argv):
         print(f"  {label}: " + "; ".join(
             f"{k} kernel {v['kernel_us']:.1f} wait {v['wait_us']:.1f}"
             + (f" gap {v['gap_after_send_us']:.1f}" if "gap_after_send_us" in v else "")
-            + (f" gap_before {v['gap_before_us']:.1f}" if "gap_before_us" in v else "")
-            for k, v in kernels.items()))
+            for k, v in kernels.items() if k != "timeline_us"))
+        if "timeline_us" in kernels:
+          print("    timeline (medians): " + ", ".join(
+              f"{k} {v:.1f}" for k, v in kernels["timeline_us"].items()))
     for point in meta.get("sm_sweep", []):
       print("SM budget " + ", ".join(f"{k}: {v:.1f} us" if isinstance(v, float) else f"{k}={v}"
                                      for k, v in point.items()))

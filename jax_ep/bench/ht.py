@@ -123,13 +123,18 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
       cuda.module.read_profile()  # resets the counters
       us = time(label, op, *args)
       profile = cuda.module.read_profile()
+      trace = profile.pop("ht_trace", None)
+      if trace is not None and "dispatch" in label:
+        profile["timeline_us"] = timeline(trace)
       profiles[f"tokens={t} num_sms={num_sms} {label}"] = profile
       # Every rank's own (the table shows rank 0's): a rank that waits for the
-      # other in ht_notify shows where the other spends that time.
+      # other in the count exchange shows where the other spends that time.
       print(f"profile rank {rank}: {label}: " + "; ".join(
           f"{k} kernel {v['kernel_us']:.1f} wait {v['wait_us']:.1f}"
-          + (f" gap_before {v['gap_before_us']:.1f}" if "gap_before_us" in v else "")
-          for k, v in profile.items()), flush=True)
+          for k, v in profile.items() if k != "timeline_us"), flush=True)
+      if "timeline_us" in profile:
+        print(f"timeline rank {rank}: {label}: " + ", ".join(
+            f"{k} {v:.1f}" for k, v in profile["timeline_us"].items()), flush=True)
       return us
 
     def time(label, op, *args, slow=False):
@@ -251,6 +256,29 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     if plot and rank == 0:
       _plot(curve, hidden, plot)
   return rows, meta
+
+
+def timeline(trace: list[list[int]]) -> dict[str, float]:
+  """Median us of each step of an HT dispatch over the traced calls
+  (DeviceProfile::ht_trace rows, events in cuda/ep_types.h HtTraceEvent order:
+  start, masks, scan, plan built, counts in, send end, receive end, end).
+  Medians, because the first call of each execution waits for the other
+  process to launch it (milliseconds), which an average would spread over all."""
+  rows = np.asarray(trace, dtype=np.int64)
+  steps: dict[str, list[float]] = {}
+  names = ("masks", "scan", "tile_bases", "count_exchange", "send_role", "recv_role", "kernel",
+           "gap_to_next_call", "cycle")
+  for i, row in enumerate(rows):
+    nxt = rows[(i + 1) % len(rows)]
+    if np.any(row == 0) or np.any(np.diff(row[[0, 1, 2, 3, 4, 7]]) < 0):
+      continue
+    values = [row[1] - row[0], row[2] - row[1], row[3] - row[2], row[4] - row[3],
+              row[5] - row[0], row[6] - row[0], row[7] - row[0]]
+    if nxt[0] > row[7]:
+      values += [nxt[0] - row[7], nxt[0] - row[0]]
+    for name, ns in zip(names, values):
+      steps.setdefault(name, []).append(ns / 1e3)
+  return {name: float(np.median(v)) for name, v in steps.items()}
 
 
 def _plot(curve: list[dict], hidden: int, path: str) -> None:
