@@ -106,11 +106,9 @@ __device__ __forceinline__ void st_na_v4(int4* ptr, const int4& v) {
 // Warp-collective batched load: lane `lane` loads vectors base + u*32 + lane
 // (u < kUnroll, those below num_vec) of `src`, all in flight at once.
 // kCoherent = false: ld.global.nc, for data that is read-only for the whole
-// kernel (the HT combine receive also reads peer-written rows this way once
-// their flag was acquired, as DeepEP does; PTX leaves that undefined; the HT
-// dispatch receivers use coherent loads since session 5). kCoherent =
-// true: coherent weak loads, for data another block or a peer wrote during this
-// kernel and published by a flag or counter this thread's block acquired.
+// kernel. kCoherent = true: coherent weak loads, for data another block or a
+// peer wrote during this kernel and published by a flag or counter this
+// thread's block acquired (the HT dispatch and combine receivers' peer rows).
 template <int kUnroll, bool kCoherent = false>
 __device__ __forceinline__ void warp_load_batch(int4 (&batch)[kUnroll], const int4* src, int base,
                                                 int num_vec, int lane) {
