@@ -31,16 +31,10 @@ __device__ __forceinline__ uint32_t ld_acquire_sys_u32(const uint32_t* ptr) {
   return value;
 }
 
-// Adds to a (possibly peer-mapped) counter with release semantics: the
-// caller's earlier writes, and those ordered before them (e.g. by
-// __syncwarp), are visible to whoever acquires the new value.
-__device__ __forceinline__ void red_add_release_sys(uint32_t* ptr, uint32_t value) {
-  asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(ptr), "r"(value) : "memory");
-}
-
-// The release pattern split in two: one fence orders all earlier writes (and
-// those ordered before them) before every relaxed add after it, so several
-// counters can be published with one fence.
+// Publishing to (possibly peer-mapped) counters, the release pattern split in
+// two: the fence orders the caller's earlier writes, and those ordered before
+// them (e.g. by __syncwarp), before every relaxed add after it, so whoever
+// acquires a new value sees them; several counters, one fence.
 __device__ __forceinline__ void fence_acq_rel_sys() {
   asm volatile("fence.acq_rel.sys;" ::: "memory");
 }

@@ -35,8 +35,9 @@
 //      are still in flight. Receivers then zero-fill the padding. Every block
 //      counts tokens per local expert of the rows it placed; the last block
 //      writes num_tokens and resets the ticket.
-//   No block waits for a sender of its own kernel, and only for the count
-//   exchange on this rank; a rank waits for a peer's rows only in step 4.
+//   The only wait on a block of this kernel is every block's wait for block
+//   0's counts (block 0 publishes before it waits); a rank waits for a peer's
+//   rows only in step 4.
 // Buffer reuse:
 //   * recv_*/chunk_arrived: a peer writes them for the next dispatch only after
 //     this rank's notify flag of that dispatch, which this rank sends in the
@@ -304,7 +305,9 @@ __device__ int build_send_plan(const HtContext& ctx, const HtDispatchArgs& args,
         const int t = first + u * static_cast<int>(blockDim.x);
         if (t >= T) continue;
         uint32_t mask = four_bits(lo[u]) | four_bits(hi[u]);
-        for (int v = 2; v < vec_per_token; ++v) mask |= four_bits(__ldg(entries + t * vec_per_token + v));
+        for (int v = 2; v < vec_per_token; ++v) {
+          mask |= four_bits(__ldg(entries + t * vec_per_token + v));
+        }
         s_mask[t] = static_cast<uint8_t>(mask);
       }
     }

@@ -132,6 +132,30 @@ def test_high_throughput_gradients_lower_to_the_cuda_targets():
                              "jax_ep_ht_dispatch"], targets
 
 
+@pytest.mark.parametrize("tokens", [65536, 65537])
+def test_high_throughput_dispatch_past_the_kernels_token_limit_takes_the_portable_path(tokens):
+  """The HT dispatch kernel keeps a byte per token in shared memory (at most
+  HT_MAX_TOKENS = 65536 per rank); a larger call lowers to the portable exchange,
+  and its combine still runs on the kernel (the handle is the same either way)."""
+  from jax_ep.backends import cuda as cuda_backend  # pylint: disable=import-outside-toplevel
+
+  assert cuda_backend.HT_MAX_TOKENS == 65536
+  big = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=tokens, num_topk=4)
+
+  def fn(x, idx, w):
+    d = jax_ep.dispatch(x, idx, w, config=big, capacity=64)
+    return jax_ep.combine(d.x, d.handle, config=big)
+
+  text = _lower_for_cuda(fn, ((2 * tokens, 256), jnp.bfloat16), ((2 * tokens, 4), jnp.int32),
+                         ((2 * tokens, 4), jnp.float32), config=big)
+  targets = _targets(_custom_calls(text))
+  assert "jax_ep_ht_combine" in targets, targets
+  if tokens <= cuda_backend.HT_MAX_TOKENS:
+    assert "jax_ep_ht_dispatch" in targets, targets
+  else:
+    assert "jax_ep_ht_dispatch" not in targets and "all_to_all" in text, targets
+
+
 def test_portable_payloads_stay_portable_on_cuda():
   """float32 rows have no kernel: the CUDA backend runs the portable path (jnp + all_to_all)."""
   def fn(x, idx, w):
