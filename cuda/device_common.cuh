@@ -70,24 +70,23 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return ns;
 }
 
-// 16-byte global load that bypasses L1 (data written by peers or other blocks).
-__device__ __forceinline__ int4 ld_nc_v4(const int4* ptr) {
+// 16-byte global load that does not allocate in L1. coherent = false:
+// ld.global.nc, for data that is read-only for the whole kernel. coherent =
+// true: a coherent (weak) load, for data another block or a peer wrote during
+// this kernel and published by a flag or counter this thread's block acquired
+// (ld.global.nc is undefined for such data). `coherent` is a constant at
+// almost every call, so only one of the two loads is emitted there.
+__device__ __forceinline__ int4 ld_v4_no_alloc(const int4* ptr, bool coherent) {
   int4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(ptr));
-  return v;
-}
-
-// 16-byte coherent (weak) global load that does not allocate in L1: for data
-// written during the same kernel by other blocks or peers, read after the
-// flag that published it was acquired (ld.global.nc is only defined for data
-// that is read-only for the whole kernel).
-__device__ __forceinline__ int4 ld_v4_no_alloc(const int4* ptr) {
-  int4 v;
-  asm volatile("ld.global.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(ptr));
+  if (coherent) {
+    asm volatile("ld.global.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(ptr));
+  } else {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(ptr));
+  }
   return v;
 }
 
@@ -98,18 +97,15 @@ __device__ __forceinline__ void st_na_v4(int4* ptr, const int4& v) {
 }
 
 // Warp-collective batched load: lane `lane` loads vectors base + u*32 + lane
-// (u < kUnroll, those below num_vec) of `src`, all in flight at once.
-// kCoherent = false: ld.global.nc, for data that is read-only for the whole
-// kernel. kCoherent = true: coherent weak loads, for data another block or a
-// peer wrote during this kernel and published by a flag or counter this
-// thread's block acquired (the HT dispatch and combine receivers' peer rows).
-template <int kUnroll, bool kCoherent = false>
+// (u < kUnroll, those below num_vec) of `src`, all in flight at once;
+// `coherent` as in ld_v4_no_alloc.
+template <int kUnroll>
 __device__ __forceinline__ void warp_load_batch(int4 (&batch)[kUnroll], const int4* src, int base,
-                                                int num_vec, int lane) {
+                                                int num_vec, int lane, bool coherent = false) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int v = base + u * kWarpSize + lane;
-    if (v < num_vec) batch[u] = kCoherent ? ld_v4_no_alloc(src + v) : ld_nc_v4(src + v);
+    if (v < num_vec) batch[u] = ld_v4_no_alloc(src + v, coherent);
   }
 }
 
@@ -126,12 +122,12 @@ __device__ __forceinline__ void warp_store_batch(int4* dst, const int4 (&batch)[
 
 // Warp-collective copy of `num_vec` int4 to `dst` (local or a peer's): batches
 // of kUnroll independent loads before their stores keep several loads in
-// flight per lane. kCoherent as in warp_load_batch.
+// flight per lane. kCoherent: `coherent` of ld_v4_no_alloc.
 template <int kUnroll = 8, bool kCoherent = false>
 __device__ __forceinline__ void warp_copy(int4* dst, const int4* src, int num_vec, int lane) {
   for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
     int4 batch[kUnroll];
-    warp_load_batch<kUnroll, kCoherent>(batch, src, base, num_vec, lane);
+    warp_load_batch(batch, src, base, num_vec, lane, kCoherent);
     warp_store_batch(dst, batch, base, num_vec, lane);
   }
 }

@@ -826,21 +826,6 @@ __device__ __forceinline__ const int4* combine_source(const HtContext& ctx,
       recv_base + (static_cast<size_t>(r) * ctx.dims.max_tokens + t) * row_bytes);
 }
 
-// A batch of one source row of the combine sum: a peer's row (combine_recv,
-// written during this kernel, published by the flag this block acquired) with
-// coherent loads, this rank's own row (y, read-only here) through the
-// non-coherent path.
-template <int kBatch>
-__device__ __forceinline__ void load_combine_batch(int4 (&batch)[kBatch], const int4* src,
-                                                   bool from_peer, int base, int num_vec,
-                                                   int lane) {
-#pragma unroll
-  for (int u = 0; u < kBatch; ++u) {
-    const int v = base + u * kWarpSize + lane;
-    if (v < num_vec) batch[u] = from_peer ? ld_v4_no_alloc(src + v) : ld_nc_v4(src + v);
-  }
-}
-
 // kTwoSources (R <= 2): both ranks' loads are in flight together and summed
 // without an accumulator array, which leaves registers for twice the bytes in
 // flight per SM (the sum is bound by load latency, by Little's law: about
@@ -883,8 +868,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                 : nullptr;
       for (int base = 0; base < num_vec; base += kBatch * kWarpSize) {
         int4 raw0[kBatch], raw1[kBatch];
-        if (src0 != nullptr) load_combine_batch(raw0, src0, 0 != d.rank, base, num_vec, lane);
-        if (src1 != nullptr) load_combine_batch(raw1, src1, 1 != d.rank, base, num_vec, lane);
+        // A peer's row (combine_recv, written during this kernel) needs coherent
+        // loads; this rank's own (y) is read-only here.
+        if (src0 != nullptr) warp_load_batch(raw0, src0, base, num_vec, lane, 0 != d.rank);
+        if (src1 != nullptr) warp_load_batch(raw1, src1, base, num_vec, lane, 1 != d.rank);
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const int v = base + u * kWarpSize + lane;
@@ -917,7 +904,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                            row_bytes);
           if (src == nullptr) continue;
           int4 raw[kBatch];
-          load_combine_batch(raw, src, r != d.rank, base, num_vec, lane);
+          warp_load_batch(raw, src, base, num_vec, lane, /*coherent=*/r != d.rank);
 #pragma unroll
           for (int u = 0; u < kBatch; ++u) {
             const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[u]);

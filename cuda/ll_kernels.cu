@@ -239,7 +239,7 @@ __device__ __forceinline__ RoundPieces<kFp8> load_pieces(const int4* row, int c0
 #pragma unroll
     for (int u = 0; u < kPiecesPerThread; ++u) {
       const int v = c0 / 8 + u * kThreads + threadIdx.x;
-      p.data[u] = v < num_vec ? ld_nc_v4(row + v) : make_int4(0, 0, 0, 0);
+      p.data[u] = v < num_vec ? ld_v4_no_alloc(row + v, false) : make_int4(0, 0, 0, 0);
     }
   } else {
     // 8 threads (of one warp) per 128-channel group, 16 channels each. All
@@ -251,8 +251,8 @@ __device__ __forceinline__ RoundPieces<kFp8> load_pieces(const int4* row, int c0
     for (int u = 0; u < kTasks; ++u) {
       const int task = c0 / 16 + u * kThreads + threadIdx.x;
       const bool active = task < num_tasks;
-      raw[u][0] = active ? ld_nc_v4(row + 2 * task) : make_int4(0, 0, 0, 0);
-      raw[u][1] = active ? ld_nc_v4(row + 2 * task + 1) : make_int4(0, 0, 0, 0);
+      raw[u][0] = active ? ld_v4_no_alloc(row + 2 * task, false) : make_int4(0, 0, 0, 0);
+      raw[u][1] = active ? ld_v4_no_alloc(row + 2 * task + 1, false) : make_int4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kTasks; ++u) {
@@ -541,7 +541,7 @@ __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_
           expert_base + (static_cast<size_t>(s) * d.max_tokens + (row - s_offset[s])) * msg_bytes;
       // Every lane reads the header (one broadcast load): it says where the
       // payload is, in this slot (RDMA) or in the source's token row (NVLink).
-      const int4 header = ld_v4_no_alloc(reinterpret_cast<const int4*>(message));
+      const int4 header = ld_v4_no_alloc(reinterpret_cast<const int4*>(message), true);
       const int t = header.x;
       const bool known_token = t >= 0 && t < num_tokens;
       if (lane == 0) recv_src[row] = known_token ? s * num_tokens + t : -1;
@@ -723,7 +723,7 @@ __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t
 #pragma unroll
           for (int u = 0; u < kVecs; ++u) {
             const int v = v0 + u * blockDim.x;
-            if (v < num_vec) raw[u][j] = ld_v4_no_alloc(src + v);
+            if (v < num_vec) raw[u][j] = ld_v4_no_alloc(src + v, true);
           }
         }
 #pragma unroll
