@@ -35,15 +35,18 @@ def axis_size(config: EpConfig, state: RuntimeState, op: str) -> int:
 
 
 def tokens(x: jax.Array, config: EpConfig, op: str, name: str = "x",
-           dtypes=ROW_DTYPES, width: int | None = None) -> int:
-  """Checks x is [T_local, width] with T_local <= T; returns T_local."""
+           dtypes=ROW_DTYPES, width: int | None = None, low_latency: bool = False) -> int:
+  """Checks x is [T_local, width] with T_local <= T (T_ll for the low-latency ops);
+  returns T_local."""
   width = config.hidden if width is None else width
   if x.ndim != 2 or x.shape[1] != width:
     raise EpConfigError(f"jax_ep.{op}: {name} must be [tokens, {width}], got shape {x.shape}")
-  if x.shape[0] > config.max_tokens_per_rank:
+  limit, field = ((config.ll_max_tokens, "low_latency_max_tokens_per_rank") if low_latency
+                  else (config.max_tokens_per_rank, "max_tokens_per_rank"))
+  if x.shape[0] > limit:
     raise EpConfigError(
-        f"jax_ep.{op}: {name} has {x.shape[0]} tokens but EpConfig.max_tokens_per_rank is "
-        f"{config.max_tokens_per_rank}; raise max_tokens_per_rank (and call initialize again)")
+        f"jax_ep.{op}: {name} has {x.shape[0]} tokens but EpConfig.{field} is {limit}; raise "
+        f"{field} (and call initialize again)")
   if not any(x.dtype == jnp.dtype(d) for d in dtypes):
     raise EpConfigError(
         f"jax_ep.{op}: {name} dtype {x.dtype} is not supported; use one of {_dtype_names(dtypes)}")

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from jax_ep.errors import EpConfigError
+
+# Default token cap of the low-latency ops: decode batches are small, and the LL
+# buffers grow with it times E_local * R (DeepEP's LL benchmarks use 128).
+DEFAULT_LOW_LATENCY_MAX_TOKENS = 128
+MAX_TIMEOUT_S = 86400.0
+FALLBACK_POLICIES = ("warn", "error", "allow")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,9 +24,8 @@ class EpConfig:
   Attributes:
     num_experts: E, global number of experts (a multiple of R).
     hidden: H, width of a token row.
-    max_tokens_per_rank: T, the most tokens any rank passes to one call; every
-      receive buffer is sized from it (HT: ``R * T`` rows, LL: ``R * T`` rows
-      per local expert).
+    max_tokens_per_rank: T, the most tokens any rank passes to one
+      high-throughput call (``dispatch``); its receive buffers hold ``R * T`` rows.
     num_topk: K, experts chosen per token.
     axis_name: the mesh axis the experts are spread over.
     debug_checks: turn out-of-range top-k indices into run-time errors instead
@@ -34,6 +40,14 @@ class EpConfig:
     enable_low_latency: allocate the GPU low-latency buffers (about
       2 * (E_local*R*T*(2H+16) + E*T*2H) bytes; see jax_ep.buffer_bytes).
     enable_high_throughput: allocate the GPU high-throughput buffers.
+    low_latency_max_tokens_per_rank: T_ll, the most tokens any rank passes to
+      one low-latency call; LL results and buffers hold ``R * T_ll`` rows per
+      local expert. None: ``min(max_tokens_per_rank, 128)``.
+    fallback: what happens when the CUDA backend cannot run an op on its
+      kernels and takes the portable path instead (slower: an XLA all_to_all
+      plus packing): "warn" (default) logs a warning once per (op, reason),
+      naming the reason and the fix; "error" raises EpConfigError at trace
+      time; "allow" takes it silently. The portable backend ignores it.
   """
 
   num_experts: int
@@ -47,6 +61,8 @@ class EpConfig:
   mask_on_timeout: bool = False
   enable_low_latency: bool = True
   enable_high_throughput: bool = True
+  low_latency_max_tokens_per_rank: int | None = None
+  fallback: str = "warn"
 
   def __post_init__(self) -> None:
     for name in ("num_experts", "hidden", "max_tokens_per_rank", "num_topk"):
@@ -60,8 +76,26 @@ class EpConfig:
       raise EpConfigError(f"EpConfig.axis_name must be a mesh axis name, got {self.axis_name!r}")
     if self.num_sms is not None and (not isinstance(self.num_sms, int) or self.num_sms <= 0):
       raise EpConfigError(f"EpConfig.num_sms must be None or a positive int, got {self.num_sms!r}")
-    if not self.timeout_s > 0:
-      raise EpConfigError(f"EpConfig.timeout_s must be positive, got {self.timeout_s!r}")
+    if (not isinstance(self.timeout_s, (int, float)) or isinstance(self.timeout_s, bool)
+        or not math.isfinite(self.timeout_s) or not 0 < self.timeout_s <= MAX_TIMEOUT_S):
+      raise EpConfigError(
+          f"EpConfig.timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}], got "
+          f"{self.timeout_s!r}")
+    ll_tokens = self.low_latency_max_tokens_per_rank
+    if ll_tokens is not None and (not isinstance(ll_tokens, int) or isinstance(ll_tokens, bool)
+                                  or ll_tokens <= 0):
+      raise EpConfigError(f"EpConfig.low_latency_max_tokens_per_rank must be None or a positive "
+                          f"int, got {ll_tokens!r}")
+    if self.fallback not in FALLBACK_POLICIES:
+      raise EpConfigError(
+          f"EpConfig.fallback must be one of {FALLBACK_POLICIES}, got {self.fallback!r}")
+
+  @property
+  def ll_max_tokens(self) -> int:
+    """T_ll: the token cap of the low-latency ops (resolved default)."""
+    if self.low_latency_max_tokens_per_rank is not None:
+      return self.low_latency_max_tokens_per_rank
+    return min(self.max_tokens_per_rank, DEFAULT_LOW_LATENCY_MAX_TOKENS)
 
   def experts_per_rank(self, num_ranks: int) -> int:
     """E_local for ``num_ranks`` ranks; raises if E is not a multiple of R."""

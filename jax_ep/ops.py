@@ -2,7 +2,8 @@
 
 Every op is called inside ``jax.shard_map`` over ``config.axis_name`` with
 per-shard arrays, after ``jax_ep.initialize(config, mesh)``. Shapes: R ranks,
-T = max_tokens_per_rank, T_local <= T tokens on this rank, K = num_topk,
+T = max_tokens_per_rank (T_ll = low_latency_max_tokens_per_rank for the LL ops),
+T_local <= T tokens on this rank, K = num_topk,
 E experts, E_local = E / R, H = hidden, C = HT row capacity (R * T by default).
 
 Autodiff (``jax.custom_vjp``): dispatch's backward is a combine of the
@@ -224,7 +225,7 @@ def low_latency_dispatch(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
   """
   op = "low_latency_dispatch"
   state, _ = _prepare(op, config)
-  num_tokens = _validate.tokens(x, config, op)
+  num_tokens = _validate.tokens(x, config, op, low_latency=True)
   idx = _validate.topk_indices(topk_idx, num_tokens, config, op)
   if use_fp8 and config.hidden % 128:
     raise EpConfigError(f"jax_ep.{op}: use_fp8 needs hidden to be a multiple of 128, "
@@ -281,7 +282,7 @@ def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Arr
   """Returns each expert row to its source and reduces with the top-k weights.
 
   Args:
-    y: [E_local, R*T, H] bfloat16 (float16/float32 with the portable backend):
+    y: [E_local, R*T_ll, H] bfloat16 (float16/float32 with the portable backend):
       expert outputs in the row order of the matching low_latency_dispatch.
     topk_idx: the [T_local, K] indices given to that dispatch.
     topk_weights: float [T_local, K] (used as float32).
@@ -295,10 +296,10 @@ def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Arr
   state, num_ranks = _prepare(op, config)
   _check_handle(handle, LowLatencyHandle, config, op)
   experts_per_rank = config.experts_per_rank(num_ranks)
-  rows = num_ranks * config.max_tokens_per_rank
+  rows = num_ranks * config.ll_max_tokens
   if y.shape != (experts_per_rank, rows, config.hidden):
     raise EpConfigError(f"jax_ep.{op}: y must be [{experts_per_rank}, {rows}, {config.hidden}] "
-                        f"(E_local, R*T, H), got {y.shape}")
+                        f"(E_local, R*T_ll, H), got {y.shape}")
   if not any(y.dtype == jnp.dtype(d) for d in _validate.ROW_DTYPES):
     raise EpConfigError(f"jax_ep.{op}: y dtype {y.dtype} is not supported; use bfloat16, "
                         "float16 or float32")
@@ -385,7 +386,7 @@ def low_latency_dispatch_send(x: jax.Array, topk_idx: jax.Array, *, config: EpCo
   """
   op = "low_latency_dispatch_send"
   state, _ = _prepare(op, config)
-  num_tokens = _validate.tokens(x, config, op)
+  num_tokens = _validate.tokens(x, config, op, low_latency=True)
   idx = _validate.topk_indices(topk_idx, num_tokens, config, op)
   if use_fp8 and config.hidden % 128:
     raise EpConfigError(f"jax_ep.{op}: use_fp8 needs hidden to be a multiple of 128")
@@ -417,9 +418,9 @@ def low_latency_combine_send(y: jax.Array, handle: LowLatencyHandle, *,
   op = "low_latency_combine_send"
   state, num_ranks = _prepare(op, config)
   _check_handle(handle, LowLatencyHandle, config, op)
-  rows = num_ranks * config.max_tokens_per_rank
+  rows = num_ranks * config.ll_max_tokens
   if y.shape != (config.experts_per_rank(num_ranks), rows, config.hidden):
-    raise EpConfigError(f"jax_ep.{op}: y must be [E_local, R*T, H], got {y.shape}")
+    raise EpConfigError(f"jax_ep.{op}: y must be [E_local, R*T_ll, H], got {y.shape}")
   (y,) = _varying(config, y)
   backend = state.backend
   sent = _no_grad(lambda y, h: backend.ll_combine_send(y, h), op)(y, handle)

@@ -136,21 +136,21 @@ def quantize_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _ll_rows(all_idx: jax.Array, expert) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """For one global expert: (row int32[R*T], chooses bool[R*T], count int32[])."""
+  """For one global expert: (row int32[R*T_local], chooses bool[R*T_local], count int32[])."""
   chooses = jnp.any(all_idx.reshape(-1, all_idx.shape[-1]) == expert, axis=1)
   return jnp.cumsum(chooses) - 1, chooses, jnp.sum(chooses, dtype=jnp.int32)
 
 
 def low_latency_dispatch(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
                          use_fp8: bool = False) -> dict:
-  """The LL dispatch as a dict: x [E_local, R*T, H], scales or None, count, recv_src.
+  """The LL dispatch as a dict: x [E_local, R*T_ll, H], scales or None, count, recv_src.
 
   Rows past count are zero here (the contract leaves them unspecified).
   recv_src holds src_rank * T_local + src_token per row, -1 past count.
   """
   num_ranks = _num_ranks(config)
   experts_per_rank = config.num_experts // num_ranks
-  rows = num_ranks * config.max_tokens_per_rank
+  rows = num_ranks * config.ll_max_tokens
   me = jax.lax.axis_index(config.axis_name)
   all_idx = _gather(_clean(topk_idx, config), config)
   payloads = quantize_fp8(x) if use_fp8 else (x,)
@@ -179,7 +179,7 @@ def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Arr
   num_tokens = topk_idx.shape[0]
   idx = _clean(topk_idx, config)
   all_idx = _gather(idx, config)
-  all_y = _gather(y, config)                                              # [R, E_local, R*T, H]
+  all_y = _gather(y, config)                                              # [R, E_local, R*T_ll, H]
   # row_of[e, t]: row of my token t in global expert e's block.
   row_of = []
   for e in range(config.num_experts):

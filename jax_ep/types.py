@@ -1,7 +1,8 @@
 """Results and handles of jax_ep's ops: registered pytrees of per-shard device arrays.
 
-Shapes use R (ranks on the EP axis), T (``max_tokens_per_rank``), T_local (the
-caller's token count, <= T), K (top-k), E_local (experts per rank), H (hidden)
+Shapes use R (ranks on the EP axis), T (``max_tokens_per_rank``), T_ll (the
+low-latency ops' cap, ``EpConfig.ll_max_tokens``), T_local (the caller's token
+count, <= T or T_ll), K (top-k), E_local (experts per rank), H (hidden)
 and C (HT row capacity, ``R * T`` unless ``capacity=`` lowers it). A token's
 *source id* is ``src_rank * T_local + src_token``.
 """
@@ -82,7 +83,7 @@ class LowLatencyHandle:
   """Layout of one LL dispatch.
 
   Attributes:
-    recv_src: int32[E_local, R*T]: source id of each row of each local expert,
+    recv_src: int32[E_local, R*T_ll]: source id of each row of each local expert,
       -1 at and past ``count``.
     count: int32[E_local]: rows received per local expert.
     config: the EpConfig of the dispatch (static).
@@ -101,11 +102,11 @@ class LowLatencyDispatchResult:
   """What an LL dispatch delivers to this rank.
 
   Attributes:
-    x: [E_local, R*T, H]: bfloat16 (the input dtype), or float8_e4m3fn with
+    x: [E_local, R*T_ll, H]: bfloat16 (the input dtype), or float8_e4m3fn with
       ``use_fp8``. Block e holds one row per (token, local expert e) pair from
       every source rank, ordered by (source rank, source token index); rows at
       and past count[e] are unspecified.
-    scales: float32[E_local, R*T, H/128] with ``use_fp8`` (per-128-channel
+    scales: float32[E_local, R*T_ll, H/128] with ``use_fp8`` (per-128-channel
       amax/448), else None.
     count: int32[E_local]: valid rows per local expert.
     num_invalid: int32[]: this rank's top-k entries outside [-1, E).

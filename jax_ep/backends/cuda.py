@@ -160,7 +160,7 @@ class CudaBackend(XlaBackend):
 
   def _recv_results(self, config: EpConfig, num_ranks: int, use_fp8: bool, like: jax.Array):
     experts_per_rank = config.experts_per_rank(num_ranks)
-    rows = num_ranks * config.max_tokens_per_rank
+    rows = num_ranks * config.ll_max_tokens
     x_dtype = fp8_lib.FP8_DTYPE if use_fp8 else jnp.bfloat16
     scale_width = config.hidden // fp8_lib.GROUP if use_fp8 else 0
     return (result_type((experts_per_rank, rows, config.hidden), x_dtype, like),

@@ -132,12 +132,12 @@ class XlaBackend:
 
   # ---------------------------------------------------------------- LL
   def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool):
-    """Returns (x_out [E_local, R*T, H], scales or None, count, num_invalid, handle)."""
+    """Returns (x_out [E_local, R*T_ll, H], scales or None, count, num_invalid, handle)."""
     axis = config.axis_name
     num_ranks = _num_ranks(config)
     experts_per_rank = config.experts_per_rank(num_ranks)
     num_tokens = topk_idx.shape[0]
-    rows_per_expert = num_ranks * config.max_tokens_per_rank
+    rows_per_expert = num_ranks * config.ll_max_tokens
     clean, num_invalid, _, _, _ = self.layout(topk_idx, config)
     clean = _live_experts(clean, config)
     send_slot, send_mask = local_ops.ll_route(clean, num_experts=config.num_experts)
@@ -183,7 +183,7 @@ class XlaBackend:
 
   def ll_combine(self, rows: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
                  handle: LowLatencyHandle) -> jax.Array:
-    """[E_local, R*T, H] expert rows -> [T_local, H] = sum_k w * row, fp32."""
+    """[E_local, R*T_ll, H] expert rows -> [T_local, H] = sum_k w * row, fp32."""
     config = handle.config
     num_tokens = topk_idx.shape[0]
     returned = self._return_rows(rows, handle, num_tokens)  # [E * T_local, H]
@@ -216,7 +216,7 @@ class XlaBackend:
   # LL backward helpers: small per-(token, expert) values, plain jnp + all_to_all.
   def ll_pairs_to_rows(self, values: jax.Array, topk_idx: jax.Array,
                        handle: LowLatencyHandle) -> jax.Array:
-    """values float32[T_local, K] -> float32[E_local, R*T]: per received row (t, e),
+    """values float32[T_local, K] -> float32[E_local, R*T_ll]: per received row (t, e),
     the sum of values[t, k] over the k choosing e; 0 past count."""
     config = handle.config
     axis = config.axis_name
@@ -233,7 +233,7 @@ class XlaBackend:
 
   def ll_rows_to_pairs(self, values: jax.Array, topk_idx: jax.Array,
                        handle: LowLatencyHandle) -> jax.Array:
-    """values float32[E_local, R*T] -> float32[T_local, K]: value of the row of
+    """values float32[E_local, R*T_ll] -> float32[T_local, K]: value of the row of
     (t, e_k) for each valid k, 0 for -1 entries."""
     config = handle.config
     axis = config.axis_name

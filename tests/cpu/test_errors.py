@@ -32,6 +32,42 @@ def test_config_validation():
     config.hidden = 3
 
 
+@pytest.mark.parametrize("timeout_s", [0, -1.0, float("inf"), float("nan"), 86400.5, True, "30"])
+def test_timeout_must_be_bounded(timeout_s):
+  with pytest.raises(jax_ep.EpConfigError, match=r"timeout_s must be a number of seconds in"):
+    jax_ep.EpConfig(**CONFIG, timeout_s=timeout_s)
+
+
+def test_timeout_bounds_are_inclusive_above():
+  assert jax_ep.EpConfig(**CONFIG, timeout_s=86400).timeout_s == 86400
+  assert jax_ep.EpConfig(**CONFIG, timeout_s=1e-3).timeout_s == 1e-3
+
+
+def test_low_latency_token_cap():
+  big = dict(CONFIG, max_tokens_per_rank=4096)
+  assert jax_ep.EpConfig(**big).ll_max_tokens == 128
+  assert jax_ep.EpConfig(**CONFIG).ll_max_tokens == CONFIG["max_tokens_per_rank"]
+  assert jax_ep.EpConfig(**big, low_latency_max_tokens_per_rank=256).ll_max_tokens == 256
+  for bad in (0, -3, 2.0, True):
+    with pytest.raises(jax_ep.EpConfigError, match="low_latency_max_tokens_per_rank"):
+      jax_ep.EpConfig(**CONFIG, low_latency_max_tokens_per_rank=bad)
+
+
+def test_low_latency_tokens_past_their_cap_are_a_trace_time_error():
+  config = jax_ep.EpConfig(**dict(CONFIG, max_tokens_per_rank=8),
+                           low_latency_max_tokens_per_rank=2)
+  jax_ep.initialize(config, make_mesh(2))
+  x, idx, _ = _args(t=3)
+  with pytest.raises(jax_ep.EpConfigError, match="low_latency_max_tokens_per_rank is 2"):
+    run_per_shard(lambda x, i: jax_ep.low_latency_dispatch(x, i, config=config).count,
+                  make_mesh(2), x, idx)
+
+
+def test_fallback_policy_is_checked():
+  with pytest.raises(jax_ep.EpConfigError, match="fallback"):
+    jax_ep.EpConfig(**CONFIG, fallback="silent")
+
+
 def test_experts_not_divisible_by_ranks():
   config = jax_ep.EpConfig(num_experts=6, hidden=8, max_tokens_per_rank=4, num_topk=1)
   with pytest.raises(jax_ep.EpConfigError, match="divisible"):
@@ -151,7 +187,7 @@ def test_low_latency_combine_errors():
     d = jax_ep.low_latency_dispatch(x, i, config=config)
     return jax_ep.low_latency_combine(d.x[:, :2], i, w, d.handle, config=config)
 
-  with pytest.raises(jax_ep.EpConfigError, match="E_local, R\\*T, H"):
+  with pytest.raises(jax_ep.EpConfigError, match="E_local, R\\*T_ll, H"):
     run_per_shard(wrong_shape, mesh, *_args())
 
 
