@@ -64,6 +64,12 @@ __device__ __forceinline__ uint32_t ld_volatile_u32(const uint32_t* ptr) {
   return value;
 }
 
+__device__ __forceinline__ float ld_volatile_f32(const float* ptr) {
+  float value;
+  asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(value) : "l"(ptr));
+  return value;
+}
+
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t ns;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));

@@ -98,7 +98,8 @@ struct EpDims {
   int32_t num_experts;      // E
   int32_t experts_per_rank; // E_local
   int32_t hidden;           // H
-  int32_t max_tokens;       // T (per rank)
+  int32_t max_tokens;       // T (per rank): the high-throughput ops
+  int32_t ll_max_tokens;    // T_ll (per rank): the low-latency ops
   int32_t num_topk;         // K
 };
 
@@ -112,24 +113,32 @@ inline size_t LlMessageBytes(int hidden) {
 }
 
 // Symmetric LL buffers (local addresses; peers' copies via nvshmem_ptr / RDMA),
-// each double-buffered by call parity.
+// each double-buffered by call parity; T here is T_ll (EpDims::ll_max_tokens).
 //   dispatch_recv[p]   [E_local][R][T] messages, filled by the source ranks
 //                      (NVLink sources write only the 16-byte headers here)
 //   dispatch_tokens[p] [R][T] messages: an NVLink source's payload of token t,
 //                      once per destination rank, shared by its experts there
 //   dispatch_flags[p]  [E_local][R] flags: (seq, rows from that source)
 //   combine_recv[p]    [E][T] bf16 rows: expert e's output for local token t
+//   combine_values[p]  [E][T] float: expert e's value for local token t (the
+//                      combine's per-pair values, e.g. gradients of the weights)
 //   combine_flags[p]   [E] flags: (seq, 0) once expert e's owner sent its rows
 //   dispatch_stage     [T] messages, RDMA source staging (null when all peers are P2P)
+//   dispatch_header_stage [T][K] 16-byte headers, RDMA staging of the pairs' own
+//                      headers when they carry weights (or null)
 //   combine_stage      [E_local][R*T] bf16 rows, RDMA source staging (or null)
+//   combine_values_stage [E_local][R*T] float, RDMA source staging (or null)
 struct LlBuffers {
   char* dispatch_recv[2];
   char* dispatch_tokens[2];
   uint64_t* dispatch_flags[2];
   char* combine_recv[2];
+  float* combine_values[2];
   uint64_t* combine_flags[2];
   char* dispatch_stage;
+  char* dispatch_header_stage;
   char* combine_stage;
+  float* combine_values_stage;
   size_t message_bytes;
 };
 

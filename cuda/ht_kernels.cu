@@ -61,7 +61,17 @@
 // A combine sends without a handshake, so its buffers alternate by parity: a
 // peer can write parity p again two combines later only after receiving this
 // rank's rows of the combine in between, sent after this rank read parity p.
+// Rows wider than the 2H-byte combine_recv rows (float32 rows, float32 weight
+// columns) travel in passes of at most 2H bytes; each pass is one send and one
+// receive kernel with its own sequence number and parity, as above. The sums
+// run in fp32 in rank order whatever the row type (bf16, f16, f32).
+//
+// Faults: a timed-out wait records the fault (device_common.cuh). The
+// dispatch's last block then writes num_tokens = num_dropped = -1 and
+// tokens_per_expert = -1; a combine writes NaN rows for the tokens whose rows
+// did not all arrive (and for every token of a faulted dispatch).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -442,14 +452,14 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   const int scale_words = kHasScales ? static_cast<int>(args.scale_bytes / 4) : 0;
   const ExpertRank rank_of(d.experts_per_rank);
   // 16-byte vectors per lane per load batch (16 was measured no faster for
-  // BF16 and slower for FP8 in sessions 4 and 5).
+  // BF16 and slower for FP8 on 2x H200, 2026-11-30, docs/benchmarks.md).
   constexpr int kUnroll = 8;
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
     const bool self = r == d.rank;
     s_dst_x[r] = self ? static_cast<char*>(args.out_x)
                       : static_cast<char*>(transport::peer_ptr(b.recv_x, r));
-    s_dst_stride[r] = self ? args.row_bytes : b.row_bytes;
+    s_dst_stride[r] = self ? args.out_row_stride : b.row_bytes;
   }
   __syncthreads();
   const int tile_tokens = num_send_blocks * kWarps;
@@ -469,7 +479,7 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     // Every load of token t goes out before its first store: its top-k and
     // weights (lane k), its scales and the first batch of its row. One
     // dependent load round trip per token, not one per destination and field
-    // (the per-row cost the session-3 token sweep saw).
+    // (the per-row cost the token sweep of 2026-11-30 showed).
     const int my_row = next_row;
     const int expert = lane < d.num_topk ? __ldg(args.topk_idx + t * d.num_topk + lane) : -1;
     const float weight =
@@ -482,7 +492,7 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
       load_scale_words(scales, src_scales, scale_words, lane);
     }
     const int4* src = reinterpret_cast<const int4*>(static_cast<const char*>(args.x) +
-                                                    static_cast<size_t>(t) * args.row_bytes);
+                                                    static_cast<size_t>(t) * args.x_row_stride);
     int4 batch[kUnroll];
     warp_load_batch(batch, src, 0, num_vec, lane);
     if (lane < R) args.out_send_row[t * R + lane] = my_row;
@@ -646,7 +656,7 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
       // thread 0 acquired before the block barrier.
       warp_copy<16, /*kCoherent=*/true>(
           reinterpret_cast<int4*>(static_cast<char*>(args.out_x) +
-                                  static_cast<size_t>(row) * args.row_bytes),
+                                  static_cast<size_t>(row) * args.out_row_stride),
           reinterpret_cast<const int4*>(b.recv_x + static_cast<size_t>(row) * b.row_bytes),
           num_vec, lane);
       if constexpr (kHasScales) {
@@ -670,7 +680,7 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
   for (int row = kept + recv_block * kWarps + warp; row < args.capacity;
        row += num_recv_blocks * kWarps) {
     int4* dst = reinterpret_cast<int4*>(static_cast<char*>(args.out_x) +
-                                        static_cast<size_t>(row) * args.row_bytes);
+                                        static_cast<size_t>(row) * args.out_row_stride);
     for (int v = lane; v < num_vec; v += kWarpSize) dst[v] = make_int4(0, 0, 0, 0);
     if constexpr (kHasScales) {
       auto* scales = reinterpret_cast<uint32_t*>(static_cast<char*>(args.out_scales) +
@@ -764,8 +774,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (s_tpe[e]) atomicAdd(args.out_tokens_per_expert + e, s_tpe[e]);
   }
   if (arrive_is_last_block(&ctx.counters->ht_dispatch_done) && threadIdx.x == 0) {
-    *args.out_num_tokens = kept;
-    *args.out_num_dropped = received - kept;
+    // After a fault (a wait of this call or an earlier one gave up) the rows
+    // are incomplete: counts that cannot be real say so, and the combine
+    // sends nothing for them. Every block's adds to tokens_per_expert came
+    // before its arrival, so these writes are the last.
+    const bool faulted = fault_recorded(ctx.status);
+    *args.out_num_tokens = faulted ? -1 : kept;
+    *args.out_num_dropped = faulted ? -1 : received - kept;
+    if (faulted) {
+      for (int e = 0; e < d.experts_per_rank; ++e) args.out_tokens_per_expert[e] = -1;
+    }
     ctx.counters->ht_dispatch_seq = seq;
     ctx.counters->ht_recv_ticket = 0u;  // every block has taken its last ticket
     if (ctx.profile != nullptr) {
@@ -779,8 +797,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// One pass of an HT combine: bytes [offset, offset + bytes) of every row
+// (a 16-byte multiple, at most the receive buffers' 2H-byte rows).
+struct CombinePass {
+  size_t row_stride;  // bytes per row of y and out (W * element size)
+  size_t offset;
+  size_t bytes;
+};
+
 __global__ void __launch_bounds__(kThreads, 1)
-    ht_combine_send(HtContext ctx, HtCombineArgs args) {
+    ht_combine_send(HtContext ctx, HtCombineArgs args, CombinePass pass) {
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_combine_seq) + 1;
@@ -788,18 +814,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
   ht_profile_start(ctx, kProfCombineSend);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
-  const int valid = min(*args.num_tokens, args.capacity);
+  const size_t buffer_row_bytes = static_cast<size_t>(d.hidden) * 2;
+  const int valid = min(*args.num_tokens, args.capacity);  // -1 after a faulted dispatch
   for (int i = blockIdx.x * kWarps + warp; i < valid; i += gridDim.x * kWarps) {
     const int src = args.recv_src[i];
     if (src < 0 || args.num_local_tokens <= 0) continue;
     const int s = src / args.num_local_tokens, t = src % args.num_local_tokens;
     if (s >= R || s == d.rank) continue;  // own rows are read from y by ht_combine_recv
     char* dst = static_cast<char*>(transport::peer_ptr(recv_base, s)) +
-                (static_cast<size_t>(d.rank) * d.max_tokens + t) * row_bytes;
+                (static_cast<size_t>(d.rank) * d.max_tokens + t) * buffer_row_bytes;
     warp_copy(reinterpret_cast<int4*>(dst),
-              reinterpret_cast<const int4*>(static_cast<const char*>(args.y) + i * row_bytes),
-              static_cast<int>(row_bytes / 16), lane);
+              reinterpret_cast<const int4*>(static_cast<const char*>(args.y) +
+                                            i * pass.row_stride + pass.offset),
+              static_cast<int>(pass.bytes / 16), lane);
   }
   if (arrive_is_last_block(&ctx.counters->ht_combine_send_done)) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
@@ -810,46 +837,87 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// Elements of a 16-byte vector of combine rows, as fp32.
+template <typename T>
+struct RowElements;
+template <>
+struct RowElements<__nv_bfloat16> {
+  static constexpr int kPerVector = 8;
+  __device__ static float get(const int4& v, int j) {
+    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(&v)[j]);
+  }
+  __device__ static void set(int4& v, int j, float x) {
+    reinterpret_cast<__nv_bfloat16*>(&v)[j] = __float2bfloat16_rn(x);
+  }
+};
+template <>
+struct RowElements<__half> {
+  static constexpr int kPerVector = 8;
+  __device__ static float get(const int4& v, int j) {
+    return __half2float(reinterpret_cast<const __half*>(&v)[j]);
+  }
+  __device__ static void set(int4& v, int j, float x) {
+    reinterpret_cast<__half*>(&v)[j] = __float2half_rn(x);
+  }
+};
+template <>
+struct RowElements<float> {
+  static constexpr int kPerVector = 4;
+  __device__ static float get(const int4& v, int j) { return reinterpret_cast<const float*>(&v)[j]; }
+  __device__ static void set(int4& v, int j, float x) { reinterpret_cast<float*>(&v)[j] = x; }
+};
+
 // The rows a lane loads for token t's sum: each rank's copy (r == me: y, else
 // combine_recv), or null when that rank holds none.
 __device__ __forceinline__ const int4* combine_source(const HtContext& ctx,
                                                       const HtCombineArgs& args,
+                                                      const CombinePass& pass,
                                                       const char* recv_base, int row, int r,
-                                                      int t, int valid, size_t row_bytes) {
+                                                      int t, int valid) {
   if (row < 0) return nullptr;
   if (r == ctx.dims.rank) {
     if (row >= valid) return nullptr;
     return reinterpret_cast<const int4*>(static_cast<const char*>(args.y) +
-                                         static_cast<size_t>(row) * row_bytes);
+                                         static_cast<size_t>(row) * pass.row_stride +
+                                         pass.offset);
   }
   return reinterpret_cast<const int4*>(
-      recv_base + (static_cast<size_t>(r) * ctx.dims.max_tokens + t) * row_bytes);
+      recv_base +
+      (static_cast<size_t>(r) * ctx.dims.max_tokens + t) * static_cast<size_t>(ctx.dims.hidden) * 2);
 }
 
 // kTwoSources (R <= 2): both ranks' loads are in flight together and summed
 // without an accumulator array, which leaves registers for twice the bytes in
 // flight per SM (the sum is bound by load latency, by Little's law: about
 // 64 KB in flight per SM gave 1.5 TB/s at 24 SMs). Sums run in rank order from
-// 0.0f either way, so both paths give the same bits.
-template <bool kTwoSources>
+// 0.0f either way, so both paths give the same bits. A token whose rows did not
+// all arrive (a peer's flag timed out, or the dispatch itself faulted) gets NaN.
+template <typename T, bool kTwoSources>
 __global__ void __launch_bounds__(kThreads, 1)
-    ht_combine_recv(HtContext ctx, HtCombineArgs args) {
+    ht_combine_recv(HtContext ctx, HtCombineArgs args, CombinePass pass) {
+  using E = RowElements<T>;
+  __shared__ uint32_t s_lost;  // ranks whose rows never came (bits)
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_combine_seq) + 1;
   const char* recv_base = ctx.buffers.combine_recv[seq & 1];
   const uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
   ht_profile_start(ctx, kProfCombineRecv);
+  if (threadIdx.x == 0) s_lost = *args.num_tokens < 0 ? 0xffffffffu : 0u;
+  __syncthreads();
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
-    wait_flag(flags + r, seq, ctx.timeout_ns, ctx.status, kOpHtCombine, r, 0);
+    if (wait_flag(flags + r, seq, ctx.timeout_ns, ctx.status, kOpHtCombine, r, 0) ==
+        kFlagTimedOut) {
+      atomicOr(&s_lost, 1u << r);
+    }
   }
   __syncthreads();
   if (ctx.profile != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     ht_profile_wait(ctx, kProfCombineRecv,
                     global_timer_ns() - ctx.profile->start[kProfCombineRecv]);
   }
-  const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
-  const int num_vec = d.hidden / 8;
+  const uint32_t lost = s_lost;
+  const int num_vec = static_cast<int>(pass.bytes / 16);
   const int valid = min(*args.num_tokens, args.capacity);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   // One warp per token; kBatch independent 16-byte loads per lane and source
@@ -858,13 +926,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int t = blockIdx.x * kWarps + warp; t < args.num_local_tokens; t += gridDim.x * kWarps) {
     const int my_row = lane < R ? args.send_row[t * R + lane] : -1;
     int4* out_row = reinterpret_cast<int4*>(static_cast<char*>(args.out) +
-                                            static_cast<size_t>(t) * row_bytes);
+                                            static_cast<size_t>(t) * pass.row_stride +
+                                            pass.offset);
+    const uint32_t needed = __ballot_sync(0xffffffffu, my_row >= 0);
+    if ((needed & lost) != 0u) {  // void: must not look valid
+      int4 nan;
+#pragma unroll
+      for (int j = 0; j < E::kPerVector; ++j) E::set(nan, j, __int_as_float(0x7fc00000));
+      for (int v = lane; v < num_vec; v += kWarpSize) out_row[v] = nan;
+      continue;
+    }
     if constexpr (kTwoSources) {
-      const int4* src0 = combine_source(ctx, args, recv_base, __shfl_sync(0xffffffffu, my_row, 0),
-                                        0, t, valid, row_bytes);
+      const int4* src0 = combine_source(ctx, args, pass, recv_base,
+                                        __shfl_sync(0xffffffffu, my_row, 0), 0, t, valid);
       const int4* src1 =
-          R > 1 ? combine_source(ctx, args, recv_base, __shfl_sync(0xffffffffu, my_row, 1), 1, t,
-                                 valid, row_bytes)
+          R > 1 ? combine_source(ctx, args, pass, recv_base,
+                                 __shfl_sync(0xffffffffu, my_row, 1), 1, t, valid)
                 : nullptr;
       for (int base = 0; base < num_vec; base += kBatch * kWarpSize) {
         int4 raw0[kBatch], raw1[kBatch];
@@ -876,40 +953,35 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int u = 0; u < kBatch; ++u) {
           const int v = base + u * kWarpSize + lane;
           if (v >= num_vec) continue;
-          const __nv_bfloat16* vals0 = reinterpret_cast<const __nv_bfloat16*>(&raw0[u]);
-          const __nv_bfloat16* vals1 = reinterpret_cast<const __nv_bfloat16*>(&raw1[u]);
           int4 packed;
-          __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
+          for (int j = 0; j < E::kPerVector; ++j) {
             float sum = 0.0f;
-            if (src0 != nullptr) sum += __bfloat162float(vals0[j]);
-            if (src1 != nullptr) sum += __bfloat162float(vals1[j]);
-            outv[j] = __float2bfloat16_rn(sum);
+            if (src0 != nullptr) sum += E::get(raw0[u], j);
+            if (src1 != nullptr) sum += E::get(raw1[u], j);
+            E::set(packed, j, sum);
           }
           out_row[v] = packed;
         }
       }
     } else {
       for (int base = 0; base < num_vec; base += kBatch * kWarpSize) {
-        float acc[kBatch][8];
+        float acc[kBatch][E::kPerVector];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) acc[u][j] = 0.0f;
+          for (int j = 0; j < E::kPerVector; ++j) acc[u][j] = 0.0f;
         }
         for (int r = 0; r < R; ++r) {
-          const int4* src = combine_source(ctx, args, recv_base,
-                                           __shfl_sync(0xffffffffu, my_row, r), r, t, valid,
-                                           row_bytes);
+          const int4* src = combine_source(ctx, args, pass, recv_base,
+                                           __shfl_sync(0xffffffffu, my_row, r), r, t, valid);
           if (src == nullptr) continue;
           int4 raw[kBatch];
           warp_load_batch(raw, src, base, num_vec, lane, /*coherent=*/r != d.rank);
 #pragma unroll
           for (int u = 0; u < kBatch; ++u) {
-            const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[u]);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) acc[u][j] += __bfloat162float(vals[j]);
+            for (int j = 0; j < E::kPerVector; ++j) acc[u][j] += E::get(raw[u], j);
           }
         }
 #pragma unroll
@@ -917,9 +989,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int v = base + u * kWarpSize + lane;
           if (v >= num_vec) continue;
           int4 packed;
-          __nv_bfloat16* outv = reinterpret_cast<__nv_bfloat16*>(&packed);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) outv[j] = __float2bfloat16_rn(acc[u][j]);
+          for (int j = 0; j < E::kPerVector; ++j) E::set(packed, j, acc[u][j]);
           out_row[v] = packed;
         }
       }
@@ -929,6 +1000,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     ctx.counters->ht_combine_seq = seq;
     ht_profile_role_end(ctx, kProfCombineRecv);
     ht_profile_close(ctx, kProfCombineRecv);
+  }
+}
+
+template <typename T>
+void LaunchCombinePass(const HtContext& ctx, const HtCombineArgs& args, const CombinePass& pass,
+                       int grid, cudaStream_t stream) {
+  ht_combine_send<<<grid, kThreads, 0, stream>>>(ctx, args, pass);
+  if (ctx.dims.num_ranks <= 2) {
+    ht_combine_recv<T, true><<<grid, kThreads, 0, stream>>>(ctx, args, pass);
+  } else {
+    ht_combine_recv<T, false><<<grid, kThreads, 0, stream>>>(ctx, args, pass);
   }
 }
 
@@ -959,15 +1041,25 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
 }
 
 cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cudaStream_t stream) {
-  if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.hidden % 8 != 0) return cudaErrorInvalidValue;
-  const int grid = std::max(1, ctx.num_sms);
-  ht_combine_send<<<grid, kThreads, 0, stream>>>(ctx, args);
-  if (ctx.dims.num_ranks <= 2) {
-    ht_combine_recv<true><<<grid, kThreads, 0, stream>>>(ctx, args);
-  } else {
-    ht_combine_recv<false><<<grid, kThreads, 0, stream>>>(ctx, args);
+  const size_t element_bytes = args.row_type == HtRowType::kF32 ? 4 : 2;
+  const size_t row_bytes = static_cast<size_t>(args.num_columns) * element_bytes;
+  const size_t buffer_row_bytes = static_cast<size_t>(ctx.dims.hidden) * 2;
+  if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.hidden % 8 != 0 || row_bytes % 16 != 0 ||
+      args.num_columns <= 0) {
+    return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
+  const int grid = std::max(1, ctx.num_sms);
+  for (size_t offset = 0; offset < row_bytes; offset += buffer_row_bytes) {
+    const CombinePass pass{row_bytes, offset, std::min(buffer_row_bytes, row_bytes - offset)};
+    switch (args.row_type) {
+      case HtRowType::kBf16: LaunchCombinePass<__nv_bfloat16>(ctx, args, pass, grid, stream); break;
+      case HtRowType::kF16: LaunchCombinePass<__half>(ctx, args, pass, grid, stream); break;
+      case HtRowType::kF32: LaunchCombinePass<float>(ctx, args, pass, grid, stream); break;
+    }
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t PrepareHtKernels() {
@@ -982,8 +1074,14 @@ cudaError_t PrepareHtKernels() {
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_send);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv<true>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_recv<false>);
+  for (const void* kernel : {reinterpret_cast<const void*>(ht_combine_recv<__nv_bfloat16, true>),
+                             reinterpret_cast<const void*>(ht_combine_recv<__nv_bfloat16, false>),
+                             reinterpret_cast<const void*>(ht_combine_recv<__half, true>),
+                             reinterpret_cast<const void*>(ht_combine_recv<__half, false>),
+                             reinterpret_cast<const void*>(ht_combine_recv<float, true>),
+                             reinterpret_cast<const void*>(ht_combine_recv<float, false>)}) {
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, kernel);
+  }
   return err;
 }
 

@@ -18,8 +18,12 @@ constexpr int kHtMaxRanks = 8;
 constexpr int kHtMaxTokens = 65536;
 
 // One HT dispatch: count exchange, row pushes, receive epilogue (one kernel
-// on `stream`). Rows are `row_bytes` wide (bf16 or fp8); optional per-row
-// scales of `scale_bytes`.
+// on `stream`). Rows are `row_bytes` wide (any 16-byte multiple up to the
+// receive buffers' row: bf16, f16 or fp8 rows of H; wider rows, e.g. float32,
+// take one launch per column range, x and out_x then pointing at the range's
+// first byte with their full row strides); optional per-row scales of
+// `scale_bytes`. After a fault (a timed-out wait in this call or an
+// earlier one) num_tokens, num_dropped and tokens_per_expert are -1.
 struct HtDispatchArgs {
   const void* x;               // [T, row_bytes]
   const void* scales;          // [T, scale_bytes] or null
@@ -27,7 +31,9 @@ struct HtDispatchArgs {
   const float* topk_weights;   // [T, K]
   int num_tokens;              // T (this rank)
   int capacity;                // C: rows of the outputs
-  size_t row_bytes;
+  size_t row_bytes;            // bytes of each row this launch moves
+  size_t x_row_stride;         // bytes between rows of x (>= row_bytes)
+  size_t out_row_stride;       // bytes between rows of out_x (>= row_bytes)
   size_t scale_bytes;
   void* out_x;                 // [C, row_bytes]
   void* out_scales;            // [C, scale_bytes] or null
@@ -42,15 +48,24 @@ struct HtDispatchArgs {
 };
 cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args, cudaStream_t stream);
 
-// One HT combine: y bf16 [C, H] rows back to their sources, summed in fp32.
+// Element types of the HT combine's rows (summed in fp32, stored in this type).
+enum class HtRowType : int32_t { kBf16 = 0, kF16 = 1, kF32 = 2 };
+
+// One HT combine: y [C, W] rows back to their sources, summed in fp32, W
+// columns of `row_type`. The rows travel in passes of at most 2H bytes (the
+// receive buffers' row size): columns [c0, c0 + n) per pass, each pass one
+// send and one receive kernel with its own sequence number.
 struct HtCombineArgs {
-  const void* y;               // bf16 [C, H]
+  const void* y;               // [C, W]
   const int32_t* recv_src;     // [C]
   const int32_t* send_row;     // [T, R]
-  const int32_t* num_tokens;   // [] valid rows of y (device scalar)
+  const int32_t* num_tokens;   // [] valid rows of y (device scalar; -1 after a fault: none)
   int capacity;                // C
   int num_local_tokens;        // T
-  void* out;                   // bf16 [T, H]
+  int num_columns;             // W; W * element size must be a multiple of 16 bytes
+  HtRowType row_type;
+  void* out;                   // [T, W] of row_type; NaN rows for tokens whose
+                               // rows did not all arrive (a timeout)
 };
 cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cudaStream_t stream);
 

@@ -1,7 +1,8 @@
 // Low-latency (LL) dispatch and combine.
 //
-// PROTOCOL (R ranks, E experts, E_local = E/R per rank, T = max tokens per rank,
-// p = parity of the call's sequence number seq; buffers in ep_types.h LlBuffers;
+// PROTOCOL (R ranks, E experts, E_local = E/R per rank, T = the LL token cap
+// per rank (EpDims::ll_max_tokens), p = parity of the call's sequence number
+// seq; buffers in ep_types.h LlBuffers;
 // done[] = ctx.slot_counters [E], device memory of this rank only, zero
 // between calls)
 //
@@ -20,14 +21,19 @@
 //   2. A token t sent to expert e (owner r = e/E_local, le = e%E_local) goes to
 //      slot rows_before[e] of r's dispatch_recv[p][le][s]: rows land in token
 //      order, so no atomics decide slots and the receiver never sorts.
-//      NVLink: the slot gets only the 16-byte header (t, 1); the payload goes
+//      Every slot's 16-byte header is (t, where, w, 0): w is the pair's weight
+//      (the sum of the token's top-k weights choosing e, bits of a float; 0
+//      without weights), delivered to the receiver's out_weights.
+//      NVLink: the slot gets only the 16-byte header (t, 1, w); the payload goes
 //      once per owner rank, not once per expert, into r's
 //      dispatch_tokens[p][s][t], written by the token's first expert on r (in
 //      k order). This cuts the bytes on the link by the number of the token's
 //      experts per rank (about 4 at top-8 over 2 ranks). RDMA (one QP per
 //      expert, so every pair carries its own data): the message
 //      [header (t, 0)][payload] is staged in dispatch_stage[t] and put on QP
-//      le (its puts are complete or queued on QP le before step 3).
+//      le (its puts are complete or queued on QP le before step 3); with
+//      weights, the pair's own header (t, 0, w) is staged in
+//      dispatch_header_stage[t][k] and put before the shared payload.
 //   3. After a token's rows (block barrier), one thread per expert of the token
 //      adds 1 to done[e] (acq_rel, GPU scope). The thread that brings it to
 //      rows_per_expert[e] resets done[e] to 0 and sets r's
@@ -44,14 +50,22 @@
 //      (where = 0) or in dispatch_tokens[p][s][t] (where = 1).
 // combine send (on r):
 //   5. Row i < count[le] of expert le came from source s, token t (recv_src):
-//      y[le][i] goes to s's combine_recv[p][r*E_local+le][t]; after all of
-//      expert le's rows (block barrier), (seq, 0) is set in
+//      y[le][i] goes to s's combine_recv[p][r*E_local+le][t], and/or the row's
+//      value row_values[le][i] to s's combine_values[p][r*E_local+le][t];
+//      after all of expert le's rows (block barrier), (seq, 0) is set in
 //      combine_flags[p][r*E_local+le] on every rank (NVLink: st.release.sys by
 //      one thread; RDMA: signal on QP le after the puts).
 // combine recv (on s):
 //   6. For each token, wait for combine_flags[p][e] = seq of its valid experts;
 //      out[t] = sum over valid k of w[t,k] * combine_recv[p][e_k][t], in fp32,
-//      in k order.
+//      in k order, and/or out_pair_values[t][k] = combine_values[p][e_k][t].
+//
+// Faults: a wait that times out records the fault (device_common.cuh) and the
+// call's results are void, so they are marked: the dispatch's last block
+// writes count = -1 for every local expert when a fault is recorded (the
+// combine then sends nothing for them); a combine writes NaN for every token
+// (and pair value) whose expert's flag never came. Masked ranks are not a
+// fault: they just contribute nothing.
 //
 // Rank masking (ctx.masked, 1 = masked; set by the host between calls, or by a
 // kernel on a timeout with mask_on_timeout): senders skip pairs whose expert
@@ -156,14 +170,16 @@ __device__ __forceinline__ uint32_t call_seq(const uint32_t* seq_counter,
 // (a GPU-scope arrival counter; later kernels read it). Fused kernel: the
 // protocol check and the new sequence number. Split send: finish_send. Split
 // receive: its send is no longer outstanding. Profile slots: send_slot for the
-// send part, send_slot + 1 for the receive part.
+// send part, send_slot + 1 for the receive part. Returns true in thread 0 of
+// the last block, which has then seen every other block's writes (faults
+// recorded by their waits included).
 template <int kParts>
-__device__ __forceinline__ void finish_call(const LlContext& ctx, uint32_t seq,
+__device__ __forceinline__ bool finish_call(const LlContext& ctx, uint32_t seq,
                                             uint32_t* send_done, uint32_t* recv_done,
                                             uint32_t* outstanding, uint32_t* seq_counter,
                                             uint32_t* ticket_out, uint32_t op, int send_slot) {
   constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
-  if (!arrive_is_last_block_gpu(kSend ? send_done : recv_done) || threadIdx.x != 0) return;
+  if (!arrive_is_last_block_gpu(kSend ? send_done : recv_done) || threadIdx.x != 0) return false;
   if constexpr (kSend && kRecv) {
     if (*outstanding != 0u) record_fault(ctx.status, kStatusProtocol, op, ctx.dims.rank, 0);
     *seq_counter = seq;
@@ -175,6 +191,7 @@ __device__ __forceinline__ void finish_call(const LlContext& ctx, uint32_t seq,
     *outstanding = 0u;
     profile_end(ctx, send_slot + 1);
   }
+  return true;
 }
 
 // The rank mask as of the kernel's start, into shared memory (the caller
@@ -319,14 +336,12 @@ size_t DispatchSendSmem(int num_tokens, const EpDims& d) {
 
 template <bool kFp8>
 __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_t seq,
-                                                   const __nv_bfloat16* __restrict__ x,
-                                                   const int32_t* __restrict__ topk_idx,
-                                                   int num_tokens,
-                                                   int32_t* __restrict__ num_invalid_out,
+                                                   const LlDispatchArgs& args,
                                                    const int* masked, int* smem) {
   __shared__ int s_expert[kMaxTopk];
   __shared__ int s_total[kMaxTopk];
   __shared__ int s_slot[kMaxTopk];
+  __shared__ int s_weight_bits[kMaxTopk];  // the pair's weight, as carried in its header
   __shared__ char* s_dst[kMaxTopk];  // the pair's slot on its owner; null: RDMA
   // NVLink: the token's payload on the owner of expert k, for the first k of
   // each owner (null otherwise): one copy per (token, rank), not per expert.
@@ -334,6 +349,10 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
   __shared__ int s_invalid;
   const EpDims d = ctx.dims;
   const int num_topk = d.num_topk;
+  const int num_tokens = args.num_tokens;
+  const auto* __restrict__ x = static_cast<const __nv_bfloat16*>(args.x);
+  const int32_t* __restrict__ topk_idx = args.topk_idx;
+  const float* __restrict__ topk_weights = args.topk_weights;
   int* routing = smem;
   int* rows_per_expert = routing + static_cast<size_t>(num_tokens) * num_topk;
   int* rows_before = rows_per_expert + d.num_experts;
@@ -388,8 +407,8 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
   }
   if (blockIdx.x == 0 && invalid != 0) atomicAdd(&s_invalid, invalid);
   __syncthreads();
-  if (blockIdx.x == 0 && threadIdx.x == 0 && num_invalid_out != nullptr) {
-    *num_invalid_out = s_invalid;
+  if (blockIdx.x == 0 && threadIdx.x == 0 && args.num_invalid != nullptr) {
+    *args.num_invalid = s_invalid;
   }
 
   // Experts that no token of this rank uses get (seq, 0) now, from block e % grid.
@@ -421,8 +440,17 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
         const int slot = rows_before[e];
         s_slot[k] = slot;
         s_total[k] = rows_per_expert[e];
+        // The pair's weight: every entry of the token choosing e (this first
+        // one and its repeats), summed in k order.
+        float weight = 0.0f;
+        if (topk_weights != nullptr) {
+          for (int j = k; j < num_topk; ++j) {
+            if (__ldg(topk_idx + t * num_topk + j) == e) weight += __ldg(topk_weights + t * num_topk + j);
+          }
+        }
+        s_weight_bits[k] = __float_as_int(weight);
         char* dst_local = recv_base +
-            ((static_cast<size_t>(le) * d.num_ranks + d.rank) * d.max_tokens + slot) * msg_bytes;
+            ((static_cast<size_t>(le) * d.num_ranks + d.rank) * d.ll_max_tokens + slot) * msg_bytes;
         s_dst[k] = static_cast<char*>(transport::peer_ptr(dst_local, r));
         // The first of the token's experts on r (in k order) carries the payload.
         bool first_of_rank = true;
@@ -431,7 +459,7 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
           first_of_rank &= other < 0 || other / d.experts_per_rank != r;
         }
         char* token_local =
-            tokens_base + (static_cast<size_t>(d.rank) * d.max_tokens + t) * msg_bytes;
+            tokens_base + (static_cast<size_t>(d.rank) * d.ll_max_tokens + t) * msg_bytes;
         s_token_dst[k] = first_of_rank && s_dst[k] != nullptr
                              ? static_cast<char*>(transport::peer_ptr(token_local, r))
                              : nullptr;
@@ -454,7 +482,8 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
       // source's dispatch_tokens row of token t on that rank).
       if (c0 == 0 && threadIdx.x < num_topk && s_expert[threadIdx.x] >= 0 &&
           s_dst[threadIdx.x] != nullptr) {
-        st_na_v4(reinterpret_cast<int4*>(s_dst[threadIdx.x]), make_int4(t, 1, 0, 0));
+        st_na_v4(reinterpret_cast<int4*>(s_dst[threadIdx.x]),
+                 make_int4(t, 1, s_weight_bits[threadIdx.x], 0));
       }
       if (stage != nullptr) {
         store_pieces<kFp8>(stage, pieces, c0, d.hidden);
@@ -469,13 +498,24 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
           if (e < 0 || s_dst[k] != nullptr) continue;
           const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
           char* dst_local = recv_base +
-              ((static_cast<size_t>(le) * d.num_ranks + d.rank) * d.max_tokens + s_slot[k]) *
+              ((static_cast<size_t>(le) * d.num_ranks + d.rank) * d.ll_max_tokens + s_slot[k]) *
                   msg_bytes;
-          transport::put_warp(dst_local, stage, msg_bytes, r, ctx.qp_handles, le);
+          if (topk_weights == nullptr) {
+            transport::put_warp(dst_local, stage, msg_bytes, r, ctx.qp_handles, le);
+          } else {
+            // The pair's own header (its weight) from its own staging slot, then
+            // the shared payload; both on QP le, so its signal follows both.
+            int4* header = reinterpret_cast<int4*>(ctx.buffers.dispatch_header_stage) +
+                           static_cast<size_t>(t) * num_topk + k;
+            if (threadIdx.x == 0) *header = make_int4(t, 0, s_weight_bits[k], 0);
+            __syncwarp();
+            transport::put_warp(dst_local, header, 16, r, ctx.qp_handles, le);
+            transport::put_warp(dst_local + 16, stage + 16, msg_bytes - 16, r, ctx.qp_handles, le);
+          }
         }
       }
     }
-    transport::complete_block_puts(needs_stage, ctx.qp_handles);
+    transport::complete_block_puts(needs_stage, ctx.qp_handles, ctx.status);
     __syncthreads();  // every row of token t is written (or its put issued)
     if (threadIdx.x < num_topk) {
       const int k = threadIdx.x;
@@ -494,17 +534,20 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
 
 template <bool kFp8>
 __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_t seq,
-                                                   int num_tokens, void* __restrict__ out_x,
-                                                   float* __restrict__ out_scales,
-                                                   int32_t* __restrict__ out_count,
-                                                   int32_t* __restrict__ out_recv_src) {
+                                                   const LlDispatchArgs& args) {
   __shared__ int s_offset[kMaxRanks + 1];  // output offset of each source's rows
   const EpDims d = ctx.dims;
+  const int num_tokens = args.num_tokens;
+  void* __restrict__ out_x = args.out_x;
+  float* __restrict__ out_scales = args.out_scales;
+  int32_t* __restrict__ out_count = args.out_count;
+  int32_t* __restrict__ out_recv_src = args.out_recv_src;
+  float* __restrict__ out_weights = args.out_weights;
   const char* recv_base = ctx.buffers.dispatch_recv[seq & 1];
   const char* tokens_base = ctx.buffers.dispatch_tokens[seq & 1];
   const uint64_t* flags = ctx.buffers.dispatch_flags[seq & 1];
   const size_t msg_bytes = ctx.buffers.message_bytes;
-  const int rows_per_expert = d.num_ranks * d.max_tokens;
+  const int rows_per_expert = d.num_ranks * d.ll_max_tokens;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
 
@@ -525,11 +568,14 @@ __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_
     __syncthreads();
     const int total = s_offset[d.num_ranks];
     int32_t* recv_src = out_recv_src + static_cast<size_t>(le) * rows_per_expert;
+    float* weights = out_weights != nullptr ? out_weights + static_cast<size_t>(le) * rows_per_expert
+                                            : nullptr;
     for (int row = total + threadIdx.x; row < rows_per_expert; row += blockDim.x) {
       recv_src[row] = -1;
+      if (weights != nullptr) weights[row] = 0.0f;
     }
     const char* expert_base =
-        recv_base + static_cast<size_t>(le) * d.num_ranks * d.max_tokens * msg_bytes;
+        recv_base + static_cast<size_t>(le) * d.num_ranks * d.ll_max_tokens * msg_bytes;
     // One warp per output row; rows are in (source, slot) order.
     for (int row = warp; row < total; row += num_warps) {
       int s = 0, hi = d.num_ranks - 1;  // the last source whose rows start at or before `row`
@@ -538,16 +584,19 @@ __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_
         if (s_offset[mid] <= row) s = mid; else hi = mid - 1;
       }
       const char* message =
-          expert_base + (static_cast<size_t>(s) * d.max_tokens + (row - s_offset[s])) * msg_bytes;
+          expert_base + (static_cast<size_t>(s) * d.ll_max_tokens + (row - s_offset[s])) * msg_bytes;
       // Every lane reads the header (one broadcast load): it says where the
       // payload is, in this slot (RDMA) or in the source's token row (NVLink).
       const int4 header = ld_v4_no_alloc(reinterpret_cast<const int4*>(message), true);
       const int t = header.x;
       const bool known_token = t >= 0 && t < num_tokens;
-      if (lane == 0) recv_src[row] = known_token ? s * num_tokens + t : -1;
+      if (lane == 0) {
+        recv_src[row] = known_token ? s * num_tokens + t : -1;
+        if (weights != nullptr) weights[row] = known_token ? __int_as_float(header.z) : 0.0f;
+      }
       if (header.y == 1) {  // a bad token index reads token 0's row: in bounds, marked -1
         message = tokens_base +
-            (static_cast<size_t>(s) * d.max_tokens + (known_token ? t : 0)) * msg_bytes;
+            (static_cast<size_t>(s) * d.ll_max_tokens + (known_token ? t : 0)) * msg_bytes;
       }
       const size_t out_row = static_cast<size_t>(le) * rows_per_expert + row;
       const int4* payload = reinterpret_cast<const int4*>(message + 16);
@@ -571,45 +620,48 @@ __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_
 // kParts = kSendPart (split send: ticket_out), kRecvPart (split recv: ticket_in)
 // or kBothParts (one-call op).
 template <bool kFp8, int kParts>
-__global__ void __launch_bounds__(kThreads, 1)
-    ll_dispatch(LlContext ctx, const __nv_bfloat16* __restrict__ x,
-                const int32_t* __restrict__ topk_idx, int num_tokens,
-                int32_t* __restrict__ num_invalid_out, uint32_t* __restrict__ ticket_out,
-                const uint32_t* __restrict__ ticket_in, void* __restrict__ out_x,
-                float* __restrict__ out_scales, int32_t* __restrict__ out_count,
-                int32_t* __restrict__ out_recv_src) {
+__global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDispatchArgs args) {
   extern __shared__ int smem[];
   __shared__ int s_masked[kMaxRanks];
   constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
   DeviceCounters* counters = ctx.counters;
-  const uint32_t seq = call_seq<kSend>(&counters->ll_dispatch_seq, ticket_in);
+  const uint32_t seq = call_seq<kSend>(&counters->ll_dispatch_seq, args.ticket_in);
   if constexpr (kSend) {
     load_rank_mask(ctx, s_masked);  // the send part's first barrier publishes it
     profile_start(ctx, 0);
-    dispatch_send_part<kFp8>(ctx, seq, x, topk_idx, num_tokens, num_invalid_out, s_masked, smem);
+    dispatch_send_part<kFp8>(ctx, seq, args, s_masked, smem);
     if constexpr (kRecv) profile_end_block0(ctx, 0);
   }
   if constexpr (kRecv) {
     profile_start(ctx, 1);
-    dispatch_recv_part<kFp8>(ctx, seq, num_tokens, out_x, out_scales, out_count, out_recv_src);
+    dispatch_recv_part<kFp8>(ctx, seq, args);
   }
-  finish_call<kParts>(ctx, seq, &counters->ll_dispatch_send_done,
-                      &counters->ll_dispatch_recv_done, &counters->ll_dispatch_outstanding,
-                      &counters->ll_dispatch_seq, ticket_out, kOpLlDispatch, 0);
+  const bool last = finish_call<kParts>(ctx, seq, &counters->ll_dispatch_send_done,
+                                        &counters->ll_dispatch_recv_done,
+                                        &counters->ll_dispatch_outstanding,
+                                        &counters->ll_dispatch_seq, args.ticket_out,
+                                        kOpLlDispatch, 0);
+  if (kRecv && last && fault_recorded(ctx.status)) {
+    // A wait of this call (or of an earlier one) gave up: rows are missing.
+    // Counts that cannot be real say so (combine sends nothing for them).
+    for (int le = 0; le < ctx.dims.experts_per_rank; ++le) args.out_count[le] = -1;
+  }
 }
 
 __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t seq,
-                                                  const __nv_bfloat16* __restrict__ y,
-                                                  const int32_t* __restrict__ recv_src,
-                                                  const int32_t* __restrict__ count,
-                                                  int num_tokens, const int* s_masked) {
+                                                  const LlCombineArgs& args, const int* s_masked) {
   constexpr int kUnroll = 16;  // vectors per lane in flight
   const EpDims d = ctx.dims;
+  const auto* __restrict__ y = static_cast<const __nv_bfloat16*>(args.y);
+  const float* __restrict__ row_values = args.row_values;
+  const int32_t* __restrict__ recv_src = args.recv_src;
+  const int num_tokens = args.num_tokens;
   char* recv_base = ctx.buffers.combine_recv[seq & 1];
+  float* values_base = ctx.buffers.combine_values[seq & 1];
   uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
   const int num_vec = d.hidden / 8;
-  const int rows_per_expert = d.num_ranks * d.max_tokens;
+  const int rows_per_expert = d.num_ranks * d.ll_max_tokens;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
   bool used_rdma = false;
@@ -626,37 +678,54 @@ __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t
     int4 head[kUnroll];
     int src = -1;
     if (warp < rows_per_expert) {
-      warp_load_batch(head, row_of(warp), 0, num_vec, lane);
+      if (y != nullptr) warp_load_batch(head, row_of(warp), 0, num_vec, lane);
       src = expert_src[warp];
     }
-    const int n = min(count[le], rows_per_expert);
+    const int n = min(args.count[le], rows_per_expert);  // -1 (a faulted dispatch): none
     for (int i = warp; i < n; i += num_warps) {
       if (i != warp) {
         src = expert_src[i];
-        warp_load_batch(head, row_of(i), 0, num_vec, lane);
+        if (y != nullptr) warp_load_batch(head, row_of(i), 0, num_vec, lane);
       }
       if (src < 0 || num_tokens <= 0) continue;
       const int s = src / num_tokens, t = src % num_tokens;
       if (s >= d.num_ranks || s_masked[s] != 0) continue;
-      const int4* row = row_of(i);
-      char* dst_local = recv_base + (static_cast<size_t>(e) * d.max_tokens + t) * row_bytes;
-      auto* dst = static_cast<int4*>(transport::peer_ptr(dst_local, s));
-      if (dst != nullptr) {
-        for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
-          if (base > 0) warp_load_batch(head, row, base, num_vec, lane);
-          warp_store_batch(dst, head, base, num_vec, lane);
+      const size_t pair = static_cast<size_t>(e) * d.ll_max_tokens + t;  // on rank s
+      if (y != nullptr) {
+        const int4* row = row_of(i);
+        char* dst_local = recv_base + pair * row_bytes;
+        auto* dst = static_cast<int4*>(transport::peer_ptr(dst_local, s));
+        if (dst != nullptr) {
+          for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
+            if (base > 0) warp_load_batch(head, row, base, num_vec, lane);
+            warp_store_batch(dst, head, base, num_vec, lane);
+          }
+        } else {
+          auto* stage = reinterpret_cast<int4*>(
+              ctx.buffers.combine_stage +
+              (static_cast<size_t>(le) * rows_per_expert + i) * row_bytes);
+          for (int v = lane; v < num_vec; v += kWarpSize) stage[v] = __ldg(row + v);
+          __syncwarp();
+          transport::put_warp(dst_local, stage, row_bytes, s, ctx.qp_handles, le);
+          used_rdma = true;
         }
-      } else {
-        auto* stage = reinterpret_cast<int4*>(
-            ctx.buffers.combine_stage +
-            (static_cast<size_t>(le) * rows_per_expert + i) * row_bytes);
-        for (int v = lane; v < num_vec; v += kWarpSize) stage[v] = __ldg(row + v);
-        __syncwarp();
-        transport::put_warp(dst_local, stage, row_bytes, s, ctx.qp_handles, le);
-        used_rdma = true;
+      }
+      if (row_values != nullptr) {
+        const float value = row_values[static_cast<size_t>(le) * rows_per_expert + i];
+        auto* dst = static_cast<float*>(transport::peer_ptr(values_base + pair, s));
+        if (dst != nullptr) {
+          if (lane == 0) *dst = value;
+        } else {
+          float* stage = ctx.buffers.combine_values_stage +
+                         static_cast<size_t>(le) * rows_per_expert + i;
+          if (lane == 0) *stage = value;
+          __syncwarp();
+          transport::put_warp(values_base + pair, stage, sizeof(float), s, ctx.qp_handles, le);
+          used_rdma = true;
+        }
       }
     }
-    transport::complete_block_puts(__syncthreads_or(used_rdma), ctx.qp_handles);
+    transport::complete_block_puts(__syncthreads_or(used_rdma), ctx.qp_handles, ctx.status);
     __syncthreads();  // every row of expert le is written (or its put issued)
     for (int r = threadIdx.x; r < d.num_ranks; r += blockDim.x) {
       if (s_masked[r] == 0) {
@@ -666,40 +735,75 @@ __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t
   }
 }
 
+// Waits (thread k < K of the block) for the flag of token t's k-th expert;
+// returns the expert if its rows are here, -1 if it is invalid or masked, and
+// kExpertLost if the wait timed out (a fault: the token's result is void).
+constexpr int kExpertLost = -2;
+__device__ __forceinline__ int arrived_expert(const LlContext& ctx, const uint64_t* flags,
+                                              uint32_t seq, int e, const int* s_masked) {
+  const EpDims& d = ctx.dims;
+  if (!valid_expert(e, d.num_experts) || s_masked[e / d.experts_per_rank] != 0) return -1;
+  if (ll_wait(ctx, flags + e, seq, kOpLlCombine, e / d.experts_per_rank,
+              e % d.experts_per_rank) != kFlagTimedOut) {
+    return e;
+  }
+  // Masked on this timeout (mask_on_timeout): its experts contribute nothing.
+  return rank_masked(ctx, e / d.experts_per_rank) ? -1 : kExpertLost;
+}
+
 __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t seq,
-                                                  const int32_t* __restrict__ topk_idx,
-                                                  const float* __restrict__ topk_weights,
-                                                  int num_tokens,
-                                                  __nv_bfloat16* __restrict__ out,
-                                                  const int* s_masked, int first_expert,
-                                                  float first_weight) {
+                                                  const LlCombineArgs& args, const int* s_masked,
+                                                  int first_expert, float first_weight) {
   __shared__ int s_expert[kMaxTopk];
   __shared__ float s_weight[kMaxTopk];
+  __shared__ int s_lost;
   const EpDims d = ctx.dims;
+  const int32_t* __restrict__ topk_idx = args.topk_idx;
+  const float* __restrict__ topk_weights = args.topk_weights;
+  const int num_tokens = args.num_tokens;
+  auto* __restrict__ out = static_cast<__nv_bfloat16*>(args.out);
   const char* recv_base = ctx.buffers.combine_recv[seq & 1];
+  const float* values_base = ctx.buffers.combine_values[seq & 1];
   const uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
   const int num_vec = d.hidden / 8;
 
   for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    if (threadIdx.x == 0) s_lost = 0;
+    __syncthreads();
     if (threadIdx.x < d.num_topk) {
       // Wait only for the experts this token uses (few pollers: polling every
       // flag from every block slows the peers' incoming NVLink writes).
       // The block's first token's routing was loaded at the kernel's start.
       const bool first = t == static_cast<int>(blockIdx.x);
-      const int e = first ? first_expert : topk_idx[t * d.num_topk + threadIdx.x];
-      bool valid = valid_expert(e, d.num_experts) && s_masked[e / d.experts_per_rank] == 0;
-      if (valid && ll_wait(ctx, flags + e, seq, kOpLlCombine, e / d.experts_per_rank,
-                           e % d.experts_per_rank) == kFlagTimedOut &&
-          rank_masked(ctx, e / d.experts_per_rank)) {
-        valid = false;  // masked on this timeout: its experts contribute nothing
+      const int k = threadIdx.x;
+      const int raw = first ? first_expert : topk_idx[t * d.num_topk + k];
+      const int e = arrived_expert(ctx, flags, seq, raw, s_masked);
+      if (e == kExpertLost) s_lost = 1;
+      s_expert[k] = e >= 0 ? e : -1;
+      s_weight[k] = e >= 0 && topk_weights != nullptr
+                        ? (first ? first_weight : topk_weights[t * d.num_topk + k])
+                        : 0.0f;
+      if (args.out_pair_values != nullptr) {
+        // The value of the row of (t, e_k) (a repeated expert: the same row).
+        const float value = e >= 0 ? ld_volatile_f32(values_base +
+                                                     static_cast<size_t>(e) * d.ll_max_tokens + t)
+                                   : 0.0f;
+        args.out_pair_values[t * d.num_topk + k] = e == kExpertLost ? __int_as_float(0x7fc00000)
+                                                                    : value;
       }
-      s_expert[threadIdx.x] = valid ? e : -1;
-      s_weight[threadIdx.x] =
-          valid ? (first ? first_weight : topk_weights[t * d.num_topk + threadIdx.x]) : 0.0f;
     }
     __syncthreads();
     if (t == blockIdx.x) profile_waited(ctx, 3);
+    if (out == nullptr) continue;
+    if (s_lost) {  // a void result must not look valid: NaN
+      const int4 nan = make_int4(0x7fc07fc0, 0x7fc07fc0, 0x7fc07fc0, 0x7fc07fc0);
+      for (int v = threadIdx.x; v < num_vec; v += blockDim.x) {
+        reinterpret_cast<int4*>(out + static_cast<size_t>(t) * d.hidden)[v] = nan;
+      }
+      __syncthreads();
+      continue;
+    }
     // kVecs vectors x kBatch experts of loads in flight per thread, then
     // summed in k order (the oracle's order, so results match it bit for bit).
     constexpr int kVecs = 2;
@@ -719,7 +823,7 @@ __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t
           const int e = k < d.num_topk ? s_expert[k] : -1;
           if (e < 0) continue;
           const int4* src = reinterpret_cast<const int4*>(
-              recv_base + (static_cast<size_t>(e) * d.max_tokens + t) * row_bytes);
+              recv_base + (static_cast<size_t>(e) * d.ll_max_tokens + t) * row_bytes);
 #pragma unroll
           for (int u = 0; u < kVecs; ++u) {
             const int v = v0 + u * blockDim.x;
@@ -754,83 +858,91 @@ __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t
 }
 
 template <int kParts>
-__global__ void __launch_bounds__(kThreads, 1)
-    ll_combine(LlContext ctx, const __nv_bfloat16* __restrict__ y,
-               const int32_t* __restrict__ recv_src, const int32_t* __restrict__ count,
-               const int32_t* __restrict__ topk_idx, const float* __restrict__ topk_weights,
-               int num_tokens, uint32_t* __restrict__ ticket_out,
-               const uint32_t* __restrict__ ticket_in, __nv_bfloat16* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads, 1) ll_combine(LlContext ctx, LlCombineArgs args) {
   constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
   __shared__ int s_masked[kMaxRanks];
   DeviceCounters* counters = ctx.counters;
-  const uint32_t seq = call_seq<kSend>(&counters->ll_combine_seq, ticket_in);
+  const uint32_t seq = call_seq<kSend>(&counters->ll_combine_seq, args.ticket_in);
   // Loaded now, used after the send part: the rank mask and the routing of
   // the block's first token.
   int first_expert = -1;
   float first_weight = 0.0f;
-  if (kRecv && threadIdx.x < ctx.dims.num_topk && static_cast<int>(blockIdx.x) < num_tokens) {
-    first_expert = topk_idx[blockIdx.x * ctx.dims.num_topk + threadIdx.x];
-    first_weight = topk_weights[blockIdx.x * ctx.dims.num_topk + threadIdx.x];
+  if (kRecv && threadIdx.x < ctx.dims.num_topk &&
+      static_cast<int>(blockIdx.x) < args.num_tokens) {
+    first_expert = args.topk_idx[blockIdx.x * ctx.dims.num_topk + threadIdx.x];
+    if (args.topk_weights != nullptr) {
+      first_weight = args.topk_weights[blockIdx.x * ctx.dims.num_topk + threadIdx.x];
+    }
   }
   load_rank_mask(ctx, s_masked);
   __syncthreads();
   if constexpr (kSend) {
     profile_start(ctx, 2);
-    combine_send_part(ctx, seq, y, recv_src, count, num_tokens, s_masked);
+    combine_send_part(ctx, seq, args, s_masked);
     if constexpr (kRecv) profile_end_block0(ctx, 2);
   }
   if constexpr (kRecv) {
     profile_start(ctx, 3);
-    combine_recv_part(ctx, seq, topk_idx, topk_weights, num_tokens, out, s_masked, first_expert,
-                      first_weight);
+    combine_recv_part(ctx, seq, args, s_masked, first_expert, first_weight);
   }
-  finish_call<kParts>(ctx, seq, &counters->ll_combine_send_done,
-                      &counters->ll_combine_recv_done, &counters->ll_combine_outstanding,
-                      &counters->ll_combine_seq, ticket_out, kOpLlCombine, 2);
+  finish_call<kParts>(ctx, seq, &counters->ll_combine_send_done, &counters->ll_combine_recv_done,
+                      &counters->ll_combine_outstanding, &counters->ll_combine_seq,
+                      args.ticket_out, kOpLlCombine, 2);
 }
 
 int GridSize(const LlContext& ctx, int work) {
   return std::max(1, std::min(work, ctx.num_sms));
 }
 
+template <int kParts>
+cudaError_t LaunchDispatchParts(const LlContext& ctx, LlDispatchArgs args, cudaStream_t stream) {
+  constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
+  const size_t smem = kSend ? DispatchSendSmem(args.num_tokens, ctx.dims) : 0;
+  if (smem > kMaxDynamicSmem) return cudaErrorInvalidConfiguration;
+  if (kRecv && !kSend && args.ticket_in == nullptr) {
+    args.ticket_in = &ctx.counters->ll_dispatch_seq;  // right after its send
+  }
+  const int work = kSend && kRecv ? std::max(args.num_tokens, ctx.dims.experts_per_rank)
+                   : kSend        ? args.num_tokens
+                                  : ctx.dims.experts_per_rank;
+  auto kernel = args.use_fp8 ? ll_dispatch<true, kParts> : ll_dispatch<false, kParts>;
+  kernel<<<GridSize(ctx, work), kThreads, smem, stream>>>(ctx, args);
+  return cudaGetLastError();
+}
+
+template <int kParts>
+cudaError_t LaunchCombineParts(const LlContext& ctx, LlCombineArgs args, cudaStream_t stream) {
+  constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
+  if (kRecv && !kSend && args.ticket_in == nullptr) {
+    args.ticket_in = &ctx.counters->ll_combine_seq;  // right after its send
+  }
+  const int work = kSend && kRecv ? std::max(args.num_tokens, ctx.dims.experts_per_rank)
+                   : kSend        ? ctx.dims.experts_per_rank
+                                  : args.num_tokens;
+  ll_combine<kParts><<<GridSize(ctx, work), kThreads, 0, stream>>>(ctx, args);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
-cudaError_t LaunchLlDispatchSend(const LlContext& ctx, const void* x, const int32_t* topk_idx,
-                                 int num_tokens, bool use_fp8, int32_t* num_invalid,
-                                 uint32_t* ticket, cudaStream_t stream) {
-  const size_t smem = DispatchSendSmem(num_tokens, ctx.dims);
-  if (smem > kMaxDynamicSmem) return cudaErrorInvalidConfiguration;
-  const int grid = GridSize(ctx, num_tokens);
-  const auto* rows = static_cast<const __nv_bfloat16*>(x);
-  auto kernel = use_fp8 ? ll_dispatch<true, kSendPart> : ll_dispatch<false, kSendPart>;
-  kernel<<<grid, kThreads, smem, stream>>>(ctx, rows, topk_idx, num_tokens, num_invalid, ticket,
-                                           nullptr, nullptr, nullptr, nullptr, nullptr);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchLlDispatchRecv(const LlContext& ctx, const uint32_t* ticket, int num_tokens,
-                                 bool use_fp8, void* out_x, float* out_scales, int32_t* out_count,
-                                 int32_t* out_recv_src, cudaStream_t stream) {
-  if (ticket == nullptr) ticket = &ctx.counters->ll_dispatch_seq;  // right after its send
-  const int grid = GridSize(ctx, ctx.dims.experts_per_rank);
-  auto kernel = use_fp8 ? ll_dispatch<true, kRecvPart> : ll_dispatch<false, kRecvPart>;
-  kernel<<<grid, kThreads, 0, stream>>>(ctx, nullptr, nullptr, num_tokens, nullptr, nullptr,
-                                        ticket, out_x, out_scales, out_count, out_recv_src);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchLlDispatch(const LlContext& ctx, const void* x, const int32_t* topk_idx,
-                             int num_tokens, bool use_fp8, int32_t* num_invalid, void* out_x,
-                             float* out_scales, int32_t* out_count, int32_t* out_recv_src,
+cudaError_t LaunchLlDispatch(const LlContext& ctx, const LlDispatchArgs& args, LlParts parts,
                              cudaStream_t stream) {
-  const size_t smem = DispatchSendSmem(num_tokens, ctx.dims);
-  if (smem > kMaxDynamicSmem) return cudaErrorInvalidConfiguration;
-  const int grid = GridSize(ctx, std::max(num_tokens, ctx.dims.experts_per_rank));
-  const auto* rows = static_cast<const __nv_bfloat16*>(x);
-  auto kernel = use_fp8 ? ll_dispatch<true, kBothParts> : ll_dispatch<false, kBothParts>;
-  kernel<<<grid, kThreads, smem, stream>>>(ctx, rows, topk_idx, num_tokens, num_invalid, nullptr,
-                                           nullptr, out_x, out_scales, out_count, out_recv_src);
-  return cudaGetLastError();
+  switch (parts) {
+    case LlParts::kSend: return LaunchDispatchParts<kSendPart>(ctx, args, stream);
+    case LlParts::kRecv: return LaunchDispatchParts<kRecvPart>(ctx, args, stream);
+    case LlParts::kBoth: return LaunchDispatchParts<kBothParts>(ctx, args, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchLlCombine(const LlContext& ctx, const LlCombineArgs& args, LlParts parts,
+                            cudaStream_t stream) {
+  switch (parts) {
+    case LlParts::kSend: return LaunchCombineParts<kSendPart>(ctx, args, stream);
+    case LlParts::kRecv: return LaunchCombineParts<kRecvPart>(ctx, args, stream);
+    case LlParts::kBoth: return LaunchCombineParts<kBothParts>(ctx, args, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 size_t LlDispatchSmemBytes(int num_tokens, const EpDims& dims) {
@@ -838,38 +950,6 @@ size_t LlDispatchSmemBytes(int num_tokens, const EpDims& dims) {
 }
 
 size_t LlMaxDynamicSmemBytes() { return kMaxDynamicSmem; }
-
-cudaError_t LaunchLlCombineSend(const LlContext& ctx, const void* y, const int32_t* recv_src,
-                                const int32_t* count, int num_tokens, uint32_t* ticket,
-                                cudaStream_t stream) {
-  const int grid = GridSize(ctx, ctx.dims.experts_per_rank);
-  ll_combine<kSendPart><<<grid, kThreads, 0, stream>>>(
-      ctx, static_cast<const __nv_bfloat16*>(y), recv_src, count, nullptr, nullptr, num_tokens,
-      ticket, nullptr, nullptr);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchLlCombineRecv(const LlContext& ctx, const uint32_t* ticket,
-                                const int32_t* topk_idx, const float* topk_weights,
-                                int num_tokens, void* out, cudaStream_t stream) {
-  if (ticket == nullptr) ticket = &ctx.counters->ll_combine_seq;  // right after its send
-  const int grid = GridSize(ctx, num_tokens);
-  ll_combine<kRecvPart><<<grid, kThreads, 0, stream>>>(
-      ctx, nullptr, nullptr, nullptr, topk_idx, topk_weights, num_tokens, nullptr, ticket,
-      static_cast<__nv_bfloat16*>(out));
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchLlCombine(const LlContext& ctx, const void* y, const int32_t* recv_src,
-                            const int32_t* count, const int32_t* topk_idx,
-                            const float* topk_weights, int num_tokens, void* out,
-                            cudaStream_t stream) {
-  const int grid = GridSize(ctx, std::max(num_tokens, ctx.dims.experts_per_rank));
-  ll_combine<kBothParts><<<grid, kThreads, 0, stream>>>(
-      ctx, static_cast<const __nv_bfloat16*>(y), recv_src, count, topk_idx, topk_weights,
-      num_tokens, nullptr, nullptr, static_cast<__nv_bfloat16*>(out));
-  return cudaGetLastError();
-}
 
 cudaError_t PrepareLlKernels() {
   // Load every kernel now (not lazily inside a call while peers spin) and

@@ -1,58 +1,76 @@
 // Host launchers of the low-latency kernels (ll_kernels.cu). Plain C++: the
 // FFI glue in xla_ffi/cuda/ calls these without seeing CUDA device code.
+// Shapes: T = this call's tokens, T_ll = EpDims::ll_max_tokens, R ranks,
+// E_local experts per rank, H hidden, K top-k.
 #ifndef JAX_EP_CUDA_LL_LAUNCH_H_
 #define JAX_EP_CUDA_LL_LAUNCH_H_
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "cuda/ep_types.h"
 
 namespace jax_ep::cuda {
 
-// x: bf16 [num_tokens, H]; topk_idx: int32 [num_tokens, K]; num_invalid: int32[1].
-// ticket (may be null): receives the call's sequence number for the recv.
-cudaError_t LaunchLlDispatchSend(const LlContext& ctx, const void* x, const int32_t* topk_idx,
-                                 int num_tokens, bool use_fp8, int32_t* num_invalid,
-                                 uint32_t* ticket, cudaStream_t stream);
+// Which parts of an op one launch runs: the one-call ops run both in one
+// kernel; the split ops (overlap) run the send in one call and the receive
+// in a later one, tied by a ticket (the send's sequence number, a device
+// scalar written by the send and read by the receive).
+enum class LlParts { kSend, kRecv, kBoth };
 
-// ticket: the send's ticket (device memory), or null right after the send in
-// the same stream. out_x: [E_local, R*T, H] bf16 (or fp8 e4m3 with
-// use_fp8); out_scales: float32 [E_local, R*T, H/128] (fp8 only); out_count:
-// int32 [E_local]; out_recv_src: int32 [E_local, R*T] (src_rank * num_tokens +
-// src_token, -1 past count).
-cudaError_t LaunchLlDispatchRecv(const LlContext& ctx, const uint32_t* ticket, int num_tokens,
-                                 bool use_fp8, void* out_x, float* out_scales, int32_t* out_count,
-                                 int32_t* out_recv_src, cudaStream_t stream);
+// One LL dispatch. Send part: x, topk_idx, topk_weights, num_invalid,
+// ticket_out; receive part: ticket_in and the out_* buffers.
+struct LlDispatchArgs {
+  const void* x;               // bf16 [T, H]
+  const int32_t* topk_idx;     // [T, K]
+  // [T, K] or null. When given, each (token, expert) pair carries the sum of
+  // the token's weights that chose that expert, delivered in out_weights.
+  const float* topk_weights;
+  int num_tokens;              // T (<= T_ll)
+  bool use_fp8;                // rows travel as e4m3 + float32 scales per 128 channels
+  int32_t* num_invalid;        // [] top-k entries outside [-1, E)
+  uint32_t* ticket_out;        // split send: its sequence number, for the receive
+  const uint32_t* ticket_in;   // split receive: the send's ticket (null: right after it)
+  void* out_x;                 // [E_local, R*T_ll, H] bf16 (or e4m3 with use_fp8)
+  float* out_scales;           // [E_local, R*T_ll, H/128] (use_fp8) or null
+  int32_t* out_count;          // [E_local]; -1 when the call saw a fault
+  int32_t* out_recv_src;       // [E_local, R*T_ll] src_rank * T + src_token, -1 past count
+  float* out_weights;          // [E_local, R*T_ll] pair weights (0 past count), or null
+};
 
-// The one-call dispatch: send and receive parts in one kernel; arguments as in
-// the two above.
-cudaError_t LaunchLlDispatch(const LlContext& ctx, const void* x, const int32_t* topk_idx,
-                             int num_tokens, bool use_fp8, int32_t* num_invalid, void* out_x,
-                             float* out_scales, int32_t* out_count, int32_t* out_recv_src,
+// One LL combine. Send part: y and/or row_values, recv_src, count,
+// ticket_out; receive part: topk_idx, topk_weights, ticket_in, out and/or
+// out_pair_values.
+struct LlCombineArgs {
+  const void* y;               // bf16 [E_local, R*T_ll, H] rows to return, or null
+  const float* row_values;     // [E_local, R*T_ll] a value per row to return, or null
+  const int32_t* recv_src;     // [E_local, R*T_ll] from the dispatch
+  const int32_t* count;        // [E_local] from the dispatch
+  const int32_t* topk_idx;     // [T, K] the dispatch's routing
+  const float* topk_weights;   // [T, K] (used with y)
+  int num_tokens;              // T of the dispatch
+  uint32_t* ticket_out;
+  const uint32_t* ticket_in;
+  // bf16 [T, H]: sum over valid k of topk_weights[t, k] * y row of (t, e_k),
+  // in fp32 in k order; NaN rows for tokens whose expert rows did not arrive
+  // (timeout). Null when y is null.
+  void* out;
+  // [T, K]: row_values of the row of (t, e_k) for valid k, else 0; NaN where
+  // it did not arrive. Null when row_values is null.
+  float* out_pair_values;
+};
+
+cudaError_t LaunchLlDispatch(const LlContext& ctx, const LlDispatchArgs& args, LlParts parts,
                              cudaStream_t stream);
+cudaError_t LaunchLlCombine(const LlContext& ctx, const LlCombineArgs& args, LlParts parts,
+                            cudaStream_t stream);
 
 // Dynamic shared memory the dispatch send part needs for num_tokens tokens, and
 // the most a kernel may use (larger batches are refused: use the HT ops).
 size_t LlDispatchSmemBytes(int num_tokens, const EpDims& dims);
 size_t LlMaxDynamicSmemBytes();
-
-// y: bf16 [E_local, R*T, H]; recv_src/count from the dispatch; ticket as above.
-cudaError_t LaunchLlCombineSend(const LlContext& ctx, const void* y, const int32_t* recv_src,
-                                const int32_t* count, int num_tokens, uint32_t* ticket,
-                                cudaStream_t stream);
-
-// ticket as in LaunchLlDispatchRecv; out: bf16 [num_tokens, H].
-cudaError_t LaunchLlCombineRecv(const LlContext& ctx, const uint32_t* ticket,
-                                const int32_t* topk_idx, const float* topk_weights,
-                                int num_tokens, void* out, cudaStream_t stream);
-
-// The one-call combine: send and receive parts in one kernel.
-cudaError_t LaunchLlCombine(const LlContext& ctx, const void* y, const int32_t* recv_src,
-                            const int32_t* count, const int32_t* topk_idx,
-                            const float* topk_weights, int num_tokens, void* out,
-                            cudaStream_t stream);
 
 // Loads the LL kernels and sets their attributes (call once at initialisation).
 cudaError_t PrepareLlKernels();

@@ -16,11 +16,17 @@
 #include <string>
 #include <vector>
 
+#include "cuda/host_barrier.h"
 #include "cuda/ht_launch.h"
 #include "cuda/ll_launch.h"
 #include "cuda/transport.cuh"
 
 namespace jax_ep::cuda {
+
+namespace transport {
+__constant__ uint32_t rdma_only_peers[kRdmaOnlyPeerWords] = {};
+}  // namespace transport
+
 namespace {
 
 constexpr size_t kAlign = 256;
@@ -55,17 +61,21 @@ BufferLayout ComputeLayout(const EpDims& d, bool low_latency, bool high_throughp
   const size_t R = d.num_ranks, T = d.max_tokens, H = d.hidden, K = d.num_topk;
   const size_t E = d.num_experts, E_local = d.experts_per_rank;
   if (low_latency) {
+    const size_t T_ll = d.ll_max_tokens;
     layout.ll_message_bytes = LlMessageBytes(d.hidden);
     for (int p = 0; p < 2; ++p) {
-      layout.ll_dispatch_recv[p] = take(E_local * R * T * layout.ll_message_bytes);
-      layout.ll_dispatch_tokens[p] = take(R * T * layout.ll_message_bytes);
+      layout.ll_dispatch_recv[p] = take(E_local * R * T_ll * layout.ll_message_bytes);
+      layout.ll_dispatch_tokens[p] = take(R * T_ll * layout.ll_message_bytes);
       layout.ll_dispatch_flags[p] = take(E_local * R * sizeof(uint64_t));
-      layout.ll_combine_recv[p] = take(E * T * 2 * H);
+      layout.ll_combine_recv[p] = take(E * T_ll * 2 * H);
+      layout.ll_combine_values[p] = take(E * T_ll * sizeof(float));
       layout.ll_combine_flags[p] = take(E * sizeof(uint64_t));
     }
     if (rdma_staging) {
-      layout.ll_dispatch_stage = take(T * layout.ll_message_bytes);
-      layout.ll_combine_stage = take(E_local * R * T * 2 * H);
+      layout.ll_dispatch_stage = take(T_ll * layout.ll_message_bytes);
+      layout.ll_dispatch_header_stage = take(T_ll * K * 16);
+      layout.ll_combine_stage = take(E_local * R * T_ll * 2 * H);
+      layout.ll_combine_values_stage = take(E_local * R * T_ll * sizeof(float));
     }
   }
   if (high_throughput) {
@@ -113,6 +123,10 @@ std::string Runtime::GetUniqueId(std::string* uid) {
 }
 
 std::string Runtime::Init(int rank, int num_ranks, const std::string& uid, int device) {
+  if (!abandoned_why_.empty()) {
+    return "jax_ep: this process left NVSHMEM up after a failed teardown (" + abandoned_why_ +
+           "); start a new process to use jax_ep again";
+  }
   if (initialized_) {
     if (device != device_ || nvshmem_my_pe() != rank || nvshmem_n_pes() != num_ranks) {
       return "jax_ep: NVSHMEM is already initialised with another rank/size/device in this process";
@@ -188,8 +202,14 @@ std::string Runtime::Init(int rank, int num_ranks, const std::string& uid, int d
     if (err == cudaSuccess) err = cudaMemset(profile_, 0, sizeof(DeviceProfile));
     if (err != cudaSuccess) return CudaError("cudaMalloc (profile)", err);
   }
-  probe_ = static_cast<char*>(nvshmem_malloc(kAlign));
+  // The probe is also the bounded barrier's flags (host_barrier.cu): [npes] words.
+  probe_ = static_cast<char*>(
+      nvshmem_malloc(AlignUp(std::max<size_t>(kAlign, sizeof(uint64_t) * num_ranks))));
   if (probe_ == nullptr) return "jax_ep: nvshmem_malloc of the peer probe failed";
+  err = cudaMemset(probe_, 0, sizeof(uint64_t) * num_ranks);
+  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&barrier_stream_, cudaStreamNonBlocking);
+  if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void**>(&barrier_result_), sizeof(int32_t));
+  if (err != cudaSuccess) return CudaError("setting up the bounded barrier", err);
   err = PrepareLlKernels();
   if (err == cudaSuccess) err = PrepareHtKernels();
   if (err != cudaSuccess) return CudaError("loading the kernels", err);
@@ -203,8 +223,30 @@ std::string Runtime::Init(int rank, int num_ranks, const std::string& uid, int d
 std::vector<bool> Runtime::ProbePeers() const {
   std::vector<bool> p2p;
   if (!initialized_) return p2p;
-  for (int pe = 0; pe < nvshmem_n_pes(); ++pe) p2p.push_back(nvshmem_ptr(probe_, pe) != nullptr);
+  for (int pe = 0; pe < nvshmem_n_pes(); ++pe) {
+    const bool forced = std::find(rdma_only_peers_.begin(), rdma_only_peers_.end(), pe) !=
+                        rdma_only_peers_.end();
+    p2p.push_back(!forced && nvshmem_ptr(probe_, pe) != nullptr);
+  }
   return p2p;
+}
+
+std::string Runtime::SetRdmaOnlyPeers(const std::vector<int>& pes) {
+  if (!initialized_) return "jax_ep: SetRdmaOnlyPeers before Init";
+  uint32_t words[transport::kRdmaOnlyPeerWords] = {};
+  std::vector<int> kept;
+  for (int pe : pes) {
+    if (pe < 0 || pe >= nvshmem_n_pes() || pe >= 32 * transport::kRdmaOnlyPeerWords) {
+      return "jax_ep: RDMA-only peer " + std::to_string(pe) + " is not a PE of this job";
+    }
+    if (pe == nvshmem_my_pe()) continue;  // a PE always reaches itself
+    words[pe >> 5] |= 1u << (pe & 31);
+    kept.push_back(pe);
+  }
+  const cudaError_t err = cudaMemcpyToSymbol(transport::rdma_only_peers, words, sizeof(words));
+  if (err != cudaSuccess) return CudaError("cudaMemcpyToSymbol (RDMA-only peers)", err);
+  rdma_only_peers_ = kept;
+  return "";
 }
 
 std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_throughput,
@@ -254,7 +296,10 @@ std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_th
 #endif
   err = cudaDeviceSynchronize();
   if (err != cudaSuccess) return CudaError("cudaDeviceSynchronize", err);
-  nvshmem_barrier_all();  // every rank's buffers are zero before anyone writes
+  host_timeout_ns_ = static_cast<uint64_t>(timeout_s * 1e9);
+  // Every rank's buffers are zero before anyone writes.
+  std::string arrived = BoundedBarrier("allocating the buffers");
+  if (!arrived.empty()) return arrived;
 
   dims_ = dims;
   layout_ = layout;
@@ -279,10 +324,15 @@ std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_th
       ll_.buffers.dispatch_tokens[p] = base_ + layout.ll_dispatch_tokens[p];
       ll_.buffers.dispatch_flags[p] = reinterpret_cast<uint64_t*>(base_ + layout.ll_dispatch_flags[p]);
       ll_.buffers.combine_recv[p] = base_ + layout.ll_combine_recv[p];
+      ll_.buffers.combine_values[p] = reinterpret_cast<float*>(base_ + layout.ll_combine_values[p]);
       ll_.buffers.combine_flags[p] = reinterpret_cast<uint64_t*>(base_ + layout.ll_combine_flags[p]);
     }
     ll_.buffers.dispatch_stage = rdma_staging ? base_ + layout.ll_dispatch_stage : nullptr;
+    ll_.buffers.dispatch_header_stage =
+        rdma_staging ? base_ + layout.ll_dispatch_header_stage : nullptr;
     ll_.buffers.combine_stage = rdma_staging ? base_ + layout.ll_combine_stage : nullptr;
+    ll_.buffers.combine_values_stage =
+        rdma_staging ? reinterpret_cast<float*>(base_ + layout.ll_combine_values_stage) : nullptr;
     ll_.buffers.message_bytes = layout.ll_message_bytes;
   }
   ht_ = HtContext{};
@@ -316,11 +366,27 @@ std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_th
   return "";
 }
 
+std::string Runtime::BoundedBarrier(const char* step) {
+  int first_missing = -1;
+  const cudaError_t err =
+      RunBoundedBarrier(reinterpret_cast<uint64_t*>(probe_), nvshmem_my_pe(), nvshmem_n_pes(),
+                        ++barrier_seq_, host_timeout_ns_, barrier_stream_, barrier_result_,
+                        &first_missing);
+  if (err != cudaSuccess) return CudaError("the bounded barrier", err);
+  if (first_missing < 0) return "";
+  abandoned_why_ = "EP rank " + std::to_string(first_missing) + " did not reach " + step +
+                   " within " + std::to_string(host_timeout_ns_ / 1000000000) + " s";
+  return "jax_ep: " + abandoned_why_ +
+         " (it died or is out of step); NVSHMEM's collective teardown is skipped, so this "
+         "process must exit to free its GPU memory";
+}
+
 std::string Runtime::ReleaseBuffers() {
   if (base_ == nullptr) return "";
   cudaError_t err = cudaDeviceSynchronize();  // no kernel may still use the buffers
   if (err != cudaSuccess) return CudaError("cudaDeviceSynchronize", err);
-  nvshmem_barrier_all();
+  std::string arrived = BoundedBarrier("releasing the buffers");
+  if (!arrived.empty()) return arrived;  // nvshmem_free is collective: skipped
   nvshmem_free(base_);
   base_ = nullptr;
   if (slot_counters_ != nullptr) cudaFree(slot_counters_);
@@ -336,7 +402,13 @@ std::string Runtime::ReleaseBuffers() {
 std::string Runtime::Finalize() {
   if (!initialized_) return "";
   std::string released = ReleaseBuffers();
-  if (!released.empty()) return released;
+  if (released.empty()) released = BoundedBarrier("finalize");
+  if (!released.empty()) {
+    // A peer is gone: NVSHMEM's collectives (nvshmem_free, nvshmem_finalize)
+    // would wait for it forever. Keep NVSHMEM up; the process exits later.
+    initialized_ = false;
+    return released;
+  }
   if (probe_ != nullptr) nvshmem_free(probe_);
   probe_ = nullptr;
   if (counters_ != nullptr) cudaFree(counters_);
@@ -348,6 +420,10 @@ std::string Runtime::Finalize() {
   if (masked_host_ != nullptr) cudaFreeHost(masked_host_);
   masked_host_ = masked_host_on_device_ = nullptr;
   nvshmem_finalize();
+  if (barrier_stream_ != nullptr) cudaStreamDestroy(barrier_stream_);
+  barrier_stream_ = nullptr;
+  if (barrier_result_ != nullptr) cudaFree(barrier_result_);
+  barrier_result_ = nullptr;
   if (status_host_ != nullptr) cudaFreeHost(status_host_);
   status_host_ = status_device_ = nullptr;
   initialized_ = false;

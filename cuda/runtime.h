@@ -10,6 +10,8 @@
 #ifndef JAX_EP_CUDA_RUNTIME_H_
 #define JAX_EP_CUDA_RUNTIME_H_
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -28,9 +30,12 @@ struct BufferLayout {
   size_t ll_dispatch_tokens[2] = {0, 0};
   size_t ll_dispatch_flags[2] = {0, 0};
   size_t ll_combine_recv[2] = {0, 0};
+  size_t ll_combine_values[2] = {0, 0};
   size_t ll_combine_flags[2] = {0, 0};
   size_t ll_dispatch_stage = 0;
+  size_t ll_dispatch_header_stage = 0;
   size_t ll_combine_stage = 0;
+  size_t ll_combine_values_stage = 0;
   size_t ll_message_bytes = 0;
   // HT (0 when disabled)
   size_t ht_counts = 0;
@@ -69,14 +74,20 @@ class Runtime {
   // Bootstraps NVSHMEM with PE = rank on CUDA device `device`, and registers
   // this extension's device state. Idempotent.
   std::string Init(int rank, int num_ranks, const std::string& uid, int device);
-  // P2P (load/store) reachability of every PE from this one.
+  // P2P (load/store) reachability of every PE from this one (PEs set by
+  // SetRdmaOnlyPeers count as unreachable).
   std::vector<bool> ProbePeers() const;
+  // Testing only: the kernels treat these PEs as reachable only by RDMA
+  // (transport.cuh rdma_only_peers). Call after Init, before Allocate.
+  std::string SetRdmaOnlyPeers(const std::vector<int>& pes);
   // (Re)allocates the symmetric buffers for `dims`. Collective.
   std::string Allocate(const EpDims& dims, bool low_latency, bool high_throughput,
                        bool rdma_staging, double timeout_s, int num_sms);
   // Frees the symmetric buffers (collective); the transport stays up.
   std::string ReleaseBuffers();
-  // Frees everything and finalises NVSHMEM (collective).
+  // Frees everything and finalises NVSHMEM (collective). When a peer does not
+  // arrive within the timeout (it died), NVSHMEM's collectives are skipped and
+  // the runtime is left for the process to exit: returns why (else "").
   std::string Finalize();
 
   bool initialized() const { return initialized_; }
@@ -103,6 +114,9 @@ class Runtime {
 
  private:
   Runtime() = default;
+  // The bounded barrier (host_barrier.cu) before each collective host step;
+  // "" when every PE arrived, else why (and the runtime is abandoned).
+  std::string BoundedBarrier(const char* step);
 
   bool initialized_ = false;
   int device_ = -1;
@@ -125,6 +139,12 @@ class Runtime {
   uint32_t* masked_host_ = nullptr;           // [kMaxMaskedRanks] host-mapped mirror
   uint32_t* masked_host_on_device_ = nullptr; // the mirror's device address
   bool mask_on_timeout_ = false;
+  std::vector<int> rdma_only_peers_;
+  cudaStream_t barrier_stream_ = nullptr;
+  int32_t* barrier_result_ = nullptr;
+  uint32_t barrier_seq_ = 0;
+  uint64_t host_timeout_ns_ = 60ull * 1000 * 1000 * 1000;
+  std::string abandoned_why_;  // set when a bounded barrier failed
 };
 
 }  // namespace jax_ep::cuda

@@ -21,6 +21,8 @@
 
 #include <cstdint>
 
+#include "cuda/device_common.cuh"
+
 #if defined(NVSHMEM_VENDOR_MAJOR_VERSION) &&                                     \
     (NVSHMEM_VENDOR_MAJOR_VERSION * 10000 + NVSHMEM_VENDOR_MINOR_VERSION * 100 + \
      NVSHMEM_VENDOR_PATCH_VERSION) >= 30519
@@ -31,9 +33,18 @@
 
 namespace jax_ep::cuda::transport {
 
+// Testing only: bit pe set = treat PE pe as reachable only by RDMA even where
+// nvshmem_ptr maps it, so that the RDMA branch runs over NVSHMEM's own P2P
+// implementation on a machine without a NIC (JAX_EP_TESTING_RDMA_PEERS,
+// jax_ep/cuda_runtime.py; Runtime::SetRdmaOnlyPeers). All zero in normal use;
+// never set for the PE itself. Defined in runtime.cu.
+constexpr int kRdmaOnlyPeerWords = 32;  // 1024 PEs
+extern __constant__ uint32_t rdma_only_peers[kRdmaOnlyPeerWords];
+
 // Pointer through which this thread can load/store `pe`'s copy of the
 // symmetric object at local address `local`; null when only RDMA reaches it.
 __device__ __forceinline__ void* peer_ptr(const void* local, int pe) {
+  if ((rdma_only_peers[(pe >> 5) & (kRdmaOnlyPeerWords - 1)] >> (pe & 31)) & 1u) return nullptr;
   return nvshmem_ptr(local, pe);
 }
 
@@ -86,11 +97,14 @@ __device__ __forceinline__ bool needs_quiet(const int* qp_handles) {
 }
 
 // Block-collective: completes this block's RDMA puts when the path needs it.
-// `used_rdma` must be uniform across the block.
-__device__ __forceinline__ void complete_block_puts(bool used_rdma, const int* qp_handles) {
+// `used_rdma` must be uniform across the block. After a fault the call's
+// results are void and a peer may be gone: the quiet (unbounded: it waits for
+// the transport) is skipped.
+__device__ __forceinline__ void complete_block_puts(bool used_rdma, const int* qp_handles,
+                                                    const DeviceStatus* status) {
   if (!used_rdma || !needs_quiet(qp_handles)) return;
   __syncthreads();
-  if (threadIdx.x == 0) nvshmem_quiet();
+  if (threadIdx.x == 0 && !fault_recorded(status)) nvshmem_quiet();
   __syncthreads();
 }
 

@@ -12,8 +12,8 @@ every buffer rounded up to 256 bytes:
     combine receive   E * T_ll * 2H
     combine values    E * T_ll * 4             (one float per (expert, token): gradients)
     combine flags     E * 8
-    (+ RDMA staging T_ll*M + E_local*R*T_ll*(2H + 4) when some peer is reachable
-     only by RDMA)
+    (+ RDMA staging T_ll*M + T_ll*K*16 + E_local*R*T_ll*(2H + 4) when some peer
+     is reachable only by RDMA)
   high throughput:
     counts 2*R*R*4, flags 2*R*8 (by parity), rows R*T*W (W = max(2H, H + H/32) to 16 B),
     scales R*T*(H/128)*4, sources R*T*4, top-k R*T*K*8, chunk counters R*ceil(T/32)*4,
@@ -57,7 +57,7 @@ def buffer_bytes_by_family(config: EpConfig, num_ranks: int, *,
       low_latency += [e_local * r * t * message, r * t * message, e_local * r * 8, e * t * 2 * h,
                       e * t * 4, e * 8]
     if rdma_staging:
-      low_latency += [t * message, e_local * r * t * 2 * h, e_local * r * t * 4]
+      low_latency += [t * message, t * k * 16, e_local * r * t * 2 * h, e_local * r * t * 4]
   if config.enable_high_throughput:
     t = config.max_tokens_per_rank
     row = _align(max(2 * h, h + 4 * (h // 128)), 16)

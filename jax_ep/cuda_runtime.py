@@ -13,10 +13,11 @@ import os
 import pickle
 
 import jax
+from absl import logging
 
 from jax_ep import _extension
 from jax_ep.backends.cuda import CudaBackend
-from jax_ep.buffers import buffer_bytes
+from jax_ep.buffers import buffer_bytes, buffer_bytes_by_family
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError, EpError
 
@@ -25,6 +26,11 @@ _generation = itertools.count()
 
 # NVLink multicast (NVLS) must stay off on shared machines; harmless elsewhere.
 _NVSHMEM_ENV_DEFAULTS = {"NVSHMEM_DISABLE_NVLS": "1"}
+
+# Testing only: EP ranks the kernels treat as reachable only by RDMA, "all"
+# (every other rank) or a comma-separated list, so that the RDMA branch of the
+# LL kernels runs over NVSHMEM's own P2P transport on one node (docs/reliability.md).
+TESTING_RDMA_PEERS_ENV = "JAX_EP_TESTING_RDMA_PEERS"
 
 
 @dataclasses.dataclass
@@ -41,8 +47,10 @@ class CudaRuntime:
   def release_buffers(self) -> None:
     self.module.release_buffers()
 
-  def finalize(self) -> None:
-    self.module.finalize()
+  def finalize(self) -> str:
+    """Tears the runtime down; returns "" or why the collective teardown was
+    skipped (a peer did not arrive: the process should exit)."""
+    return self.module.finalize()
 
 
 def _client():
@@ -67,6 +75,23 @@ def _ep_rank(mesh: jax.sharding.Mesh, axis: str) -> int:
     if device.process_index == jax.process_index():
       return position[axis_index]
   raise EpError("jax_ep: none of the mesh's devices belongs to this process")
+
+
+def testing_rdma_peers(rank: int, num_ranks: int) -> list[int]:
+  """The ranks JAX_EP_TESTING_RDMA_PEERS names (never this rank), or []."""
+  value = os.environ.get(TESTING_RDMA_PEERS_ENV, "").strip()
+  if not value:
+    return []
+  if value == "all":
+    return [r for r in range(num_ranks) if r != rank]
+  try:
+    ranks = sorted({int(part) for part in value.split(",") if part.strip()})
+  except ValueError:
+    raise EpConfigError(f"{TESTING_RDMA_PEERS_ENV}={value!r}: expected 'all' or a comma-separated "
+                        "list of EP ranks") from None
+  if any(not 0 <= r < num_ranks for r in ranks):
+    raise EpConfigError(f"{TESTING_RDMA_PEERS_ENV}={value!r}: ranks must be in [0, {num_ranks})")
+  return [r for r in ranks if r != rank]
 
 
 def _check_process_model(config: EpConfig, mesh: jax.sharding.Mesh) -> tuple[int, int]:
@@ -126,6 +151,12 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
   if previous is None or not module.initialized():
     _bootstrap(module, config, rank, num_ranks, device, generation)
 
+  forced_rdma = testing_rdma_peers(rank, num_ranks)
+  module.set_rdma_only_peers(forced_rdma)
+  if forced_rdma:
+    logging.warning("jax_ep TESTING: EP ranks %s are treated as reachable only by RDMA (%s): the "
+                    "kernels take their RDMA branch over NVSHMEM's P2P transport. For tests only.",
+                    forced_rdma, TESTING_RDMA_PEERS_ENV)
   configs = _exchange(f"jax_ep/{generation}/config", pickle.dumps(config), rank, num_ranks)
   if any(pickle.loads(c) != config for c in configs):
     others = sorted({repr(pickle.loads(c)) for c in configs})
@@ -137,13 +168,23 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
         "jax_ep: the high-throughput kernels need every EP peer reachable by NVLink; some are "
         "only reachable by RDMA (docs/design.md describes the internode design). Use "
         "EpConfig(enable_high_throughput=False) for the low-latency ops over RDMA.")
+  families = buffer_bytes_by_family(config, num_ranks, rdma_staging=rdma_staging)
+  sizes = (f"low latency {families['low_latency'] / 2**30:.2f} GiB for "
+           f"{config.ll_max_tokens} tokens per rank, high throughput "
+           f"{families['high_throughput'] / 2**30:.2f} GiB for {config.max_tokens_per_rank} "
+           "tokens per rank")
   try:
     module.allocate(num_ranks, rank, config.num_experts, config.hidden,
-                    config.max_tokens_per_rank, config.num_topk, config.enable_low_latency,
-                    config.enable_high_throughput, rdma_staging, float(config.timeout_s),
-                    int(config.num_sms or 0))
+                    config.max_tokens_per_rank, config.ll_max_tokens, config.num_topk,
+                    config.enable_low_latency, config.enable_high_throughput, rdma_staging,
+                    float(config.timeout_s), int(config.num_sms or 0))
   except RuntimeError as e:
-    raise EpError(str(e)) from None
+    raise EpError(f"{e} [{sizes}: lower EpConfig.low_latency_max_tokens_per_rank or "
+                  "max_tokens_per_rank, or set enable_low_latency / enable_high_throughput "
+                  "to False for a family you do not use]") from None
+  logging.info("jax_ep: %.2f GiB of symmetric GPU memory on EP rank %d of %d (%s)%s",
+               sum(families.values()) / 2**30, rank, num_ranks, sizes,
+               ", with RDMA staging" if rdma_staging else "")
   module.set_mask_on_timeout(bool(config.mask_on_timeout))
   return CudaRuntime(module=module, config=config, num_ranks=num_ranks, rank=rank,
                      rdma_staging=rdma_staging, backend=CudaBackend())

@@ -331,10 +331,10 @@ def _ll_combine_bwd(static, residuals, ct):
   if _is_zero(ct):
     return None, None, None, None
   backend = static.backend
-  # Row (t, e) of the cotangent: ct[t] moved exactly like the forward dispatch moved x[t].
-  ct_rows = _masked_rows(backend.ll_dispatch(ct, idx, static.config, False)[0], handle)
-  ct_rows_f32 = ct_rows.astype(jnp.float32)
-  row_weight = backend.ll_pairs_to_rows(weights, idx, handle)  # sum of w over k choosing e
+  # Row (t, e) of the cotangent: ct[t] moved exactly like the forward dispatch
+  # moved x[t], with the sum of w over the k choosing e beside it (one dispatch).
+  ct_rows, row_weight, _ = backend.ll_dispatch_weighted(ct, idx, weights, static.config)
+  ct_rows_f32 = _masked_rows(ct_rows, handle).astype(jnp.float32)
   grad_y = (ct_rows_f32 * row_weight[..., None]).astype(y.dtype)
   row_dot = jnp.sum(ct_rows_f32 * _masked_rows(y, handle).astype(jnp.float32), axis=-1)
   grad_weights = backend.ll_rows_to_pairs(row_dot, idx, handle)

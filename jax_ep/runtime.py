@@ -14,6 +14,7 @@ import sys
 from typing import Any, Optional
 
 import jax
+from absl import logging
 
 from jax_ep import _extension
 from jax_ep import masking
@@ -115,13 +116,14 @@ def finalize() -> None:
   masking.unmask_all()
   _drop_failed_runtime_tokens()
   jax.clear_caches()
-  if state is not None and state.cuda is not None:
-    state.cuda.finalize()
-    return
-  # NVSHMEM may still be up after a switch from the CUDA to the XLA backend.
-  module = sys.modules.get("jax_ep._jax_ep_cuda")
+  module = state.cuda.module if state is not None and state.cuda is not None else None
+  if module is None:
+    # NVSHMEM may still be up after a switch from the CUDA to the XLA backend.
+    module = sys.modules.get("jax_ep._jax_ep_cuda")
   if module is not None and module.initialized():
-    module.finalize()
+    skipped = module.finalize()
+    if skipped:
+      logging.warning("jax_ep.finalize: %s", skipped)
 
 
 def _drop_failed_runtime_tokens() -> None:

@@ -31,12 +31,12 @@ void Check(const std::string& error) {
 }
 
 EpDims MakeDims(int num_ranks, int rank, int num_experts, int hidden, int max_tokens,
-                int num_topk) {
+                int ll_max_tokens, int num_topk) {
   if (num_ranks <= 0 || num_experts % num_ranks != 0) {
     throw std::invalid_argument("num_experts must be a positive multiple of num_ranks");
   }
   return EpDims{num_ranks, rank, num_experts, num_experts / num_ranks, hidden, max_tokens,
-                num_topk};
+                ll_max_tokens, num_topk};
 }
 
 nb::tuple Version(const jax_ep::cuda::NvshmemVersion& v) {
@@ -67,11 +67,11 @@ NB_MODULE(_jax_ep_cuda, m) {
   m.def("has_qp_api", &Runtime::HasQpApi);
 
   m.def("buffer_layout", [](int num_ranks, int num_experts, int hidden, int max_tokens,
-                            int num_topk, bool low_latency, bool high_throughput,
-                            bool rdma_staging) {
+                            int ll_max_tokens, int num_topk, bool low_latency,
+                            bool high_throughput, bool rdma_staging) {
     const auto layout = jax_ep::cuda::ComputeLayout(
-        MakeDims(num_ranks, 0, num_experts, hidden, max_tokens, num_topk), low_latency,
-        high_throughput, rdma_staging);
+        MakeDims(num_ranks, 0, num_experts, hidden, max_tokens, ll_max_tokens, num_topk),
+        low_latency, high_throughput, rdma_staging);
     nb::dict d;
     d["total"] = layout.total;
     d["ll_message_bytes"] = layout.ll_message_bytes;
@@ -88,15 +88,19 @@ NB_MODULE(_jax_ep_cuda, m) {
     Check(Runtime::Get().Init(rank, num_ranks, std::string(uid.c_str(), uid.size()), device));
   });
   m.def("probe_peers", []() { return Runtime::Get().ProbePeers(); });
+  m.def("set_rdma_only_peers",
+        [](const std::vector<int>& pes) { Check(Runtime::Get().SetRdmaOnlyPeers(pes)); });
   m.def("allocate", [](int num_ranks, int rank, int num_experts, int hidden, int max_tokens,
-                       int num_topk, bool low_latency, bool high_throughput, bool rdma_staging,
-                       double timeout_s, int num_sms) {
+                       int ll_max_tokens, int num_topk, bool low_latency, bool high_throughput,
+                       bool rdma_staging, double timeout_s, int num_sms) {
     Check(Runtime::Get().Allocate(MakeDims(num_ranks, rank, num_experts, hidden, max_tokens,
-                                           num_topk),
+                                           ll_max_tokens, num_topk),
                                   low_latency, high_throughput, rdma_staging, timeout_s, num_sms));
   });
   m.def("release_buffers", []() { Check(Runtime::Get().ReleaseBuffers()); });
-  m.def("finalize", []() { Check(Runtime::Get().Finalize()); });
+  // Returns "" or why NVSHMEM's collective teardown was skipped (a peer did
+  // not arrive: it died); never raises, so that a survivor can exit.
+  m.def("finalize", []() { return Runtime::Get().Finalize(); });
   m.def("initialized", []() { return Runtime::Get().initialized(); });
   m.def("status", []() {
     const auto s = Runtime::Get().status();

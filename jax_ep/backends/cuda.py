@@ -1,10 +1,14 @@
 """The CUDA backend: jax_ep's kernels as XLA FFI custom calls.
 
 Implements the backend interface of backends/xla.py. Row layouts and handles
-are the same, so steps without a kernel (payloads the kernels do not move, and
-the small LL backward helpers) run on the portable implementation, on the GPU.
-Every custom call is marked side-effecting (all ranks must issue them in the
-same order) and its results vary over the EP axis like its inputs.
+are the same, so a call the kernels cannot run takes the portable
+implementation instead (on the GPU, through XLA collectives, several times
+slower): ``EpConfig.fallback`` decides whether that is announced once per (op,
+reason) ("warn", the default), refused at trace time ("error") or silent
+("allow"); see ``portable_fallback``. Every custom call is marked
+side-effecting (all ranks must issue them in the same order), carries the
+traced config as one struct attribute (``config``), and its results vary over
+the EP axis like its inputs.
 """
 
 from __future__ import annotations
@@ -12,21 +16,34 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from jax_ep import fp8 as fp8_lib
 from jax_ep._vma import match_vma, result_type
 from jax_ep.backends.xla import XlaBackend
 from jax_ep.config import EpConfig
+from jax_ep.errors import EpConfigError
 from jax_ep.types import DispatchHandle, LowLatencyHandle
 
 I32 = jnp.int32
+F32 = jnp.float32
+
+HT_MAX_RANKS = 8  # cuda/ht_launch.h kHtMaxRanks: one NVLink domain
+HT_MAX_TOKENS = 65536  # cuda/ht_launch.h kHtMaxTokens: tokens per rank of one HT dispatch
+HT_MAX_EXPERTS_PER_RANK = 1024  # cuda/ht_kernels.cu: the per-expert counters in shared memory
+MAX_TOPK = 32  # cuda/*_kernels.cu: one lane (or thread) per top-k entry
+LL_MAX_RANKS = 1024  # cuda/ll_kernels.cu kMaxRanks
+LL_MAX_ROUTING_BYTES = 200 * 1024  # cuda/ll_kernels.cu kMaxDynamicSmem
+HT_ROW_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)  # float32 rows travel in two passes
 
 
-def _dims(config: EpConfig, num_ranks: int) -> dict:
-  """The config attributes every jax_ep CUDA custom call carries (checked by the handler)."""
+def config_attr(config: EpConfig, num_ranks: int) -> dict:
+  """The config struct attribute every jax_ep CUDA custom call carries
+  (xla_ffi/cuda/handler_common.h CallConfig; the handler checks it against
+  the runtime)."""
   return dict(num_ranks=np.int64(num_ranks), num_experts=np.int64(config.num_experts),
               hidden=np.int64(config.hidden), max_tokens=np.int64(config.max_tokens_per_rank),
-              num_topk=np.int64(config.num_topk))
+              ll_max_tokens=np.int64(config.ll_max_tokens), num_topk=np.int64(config.num_topk))
 
 
 def _call(target: str, results, *args, **attrs):
@@ -34,59 +51,153 @@ def _call(target: str, results, *args, **attrs):
   return jax.ffi.ffi_call(target, results, has_side_effect=True)(*args, **attrs)
 
 
-def cached_routing(send_row: jax.Array, config: EpConfig) -> jax.Array:
-  """int32 [T, K]: token t to the first expert of rank r where send_row[t, r] >= 0
-  (needs K >= R). A dispatch with it places rows where the dispatch that made
-  send_row did (CudaBackend.ht_dispatch_cached)."""
-  num_ranks = send_row.shape[1]
-  first_expert = jnp.arange(num_ranks, dtype=I32) * config.experts_per_rank(num_ranks)
-  routing = jnp.where(send_row >= 0, first_expert[None, :], -1)
-  return jnp.pad(routing, ((0, 0), (0, config.num_topk - num_ranks)), constant_values=-1)
+# ---------------------------------------------------------------- fallbacks
+_announced: set[tuple[str, str]] = set()
 
 
-HT_MAX_RANKS = 8  # cuda/ht_launch.h kHtMaxRanks: one NVLink domain
-HT_MAX_TOKENS = 65536  # cuda/ht_launch.h kHtMaxTokens: tokens per rank of one HT dispatch
-LL_MAX_ROUTING_BYTES = 200 * 1024  # cuda/ll_kernels.cu kMaxDynamicSmem
+def portable_fallback(op: str, config: EpConfig, reason: str, fix: str) -> None:
+  """Called when `op` is about to take the portable path for `reason` (at trace
+  time): per ``config.fallback``, logs a warning the first time for this (op,
+  reason), raises EpConfigError, or does nothing."""
+  if config.fallback == "allow":
+    return
+  message = (f"jax_ep.{op}: the CUDA kernels cannot run this call ({reason}), so it takes the "
+             f"portable path: an XLA all_to_all plus packing, several times slower. To stay on "
+             f"the kernels: {fix}.")
+  if config.fallback == "error":
+    raise EpConfigError(message + " (EpConfig(fallback='warn') runs it on the portable path.)")
+  if (op, reason) not in _announced:
+    _announced.add((op, reason))
+    logging.warning("%s This warning is shown once; EpConfig(fallback='error') makes it an "
+                    "error, fallback='allow' silences it.", message)
+
+
+def ht_unsupported(config: EpConfig, num_ranks: int) -> tuple[str, str] | None:
+  """(reason, fix) when the HT kernels cannot serve this config at all, else None."""
+  if not config.enable_high_throughput:
+    return ("EpConfig(enable_high_throughput=False): no high-throughput buffers were allocated",
+            "set enable_high_throughput=True (the HT kernels need every EP peer on NVLink)")
+  if num_ranks > HT_MAX_RANKS:
+    return (f"{num_ranks} EP ranks; the HT kernels serve one NVLink domain of at most "
+            f"{HT_MAX_RANKS} ranks", f"use at most {HT_MAX_RANKS} ranks on the EP axis")
+  if config.num_topk > MAX_TOPK:
+    return (f"num_topk={config.num_topk} > {MAX_TOPK}", f"use num_topk <= {MAX_TOPK}")
+  if config.experts_per_rank(num_ranks) > HT_MAX_EXPERTS_PER_RANK:
+    return (f"{config.experts_per_rank(num_ranks)} experts per rank > "
+            f"{HT_MAX_EXPERTS_PER_RANK}",
+            f"use at most {HT_MAX_EXPERTS_PER_RANK} experts per rank (more EP ranks, or fewer "
+            "experts)")
+  if config.hidden % 8:
+    return (f"hidden={config.hidden} is not a multiple of 8 (16-byte rows)",
+            "pad hidden to a multiple of 8")
+  return None
+
+
+def ht_payload_unsupported(payloads, config: EpConfig) -> tuple[str, str] | None:
+  """(reason, fix) when the HT dispatch kernel cannot move these rows, else None."""
+  num_tokens = payloads[0].shape[0]
+  if num_tokens > HT_MAX_TOKENS:
+    return (f"{num_tokens} tokens per rank > {HT_MAX_TOKENS} (the kernel's send plan lives in "
+            "shared memory)", f"dispatch at most {HT_MAX_TOKENS} tokens per call")
+  if len(payloads) == 2:
+    if config.hidden % 16:
+      return (f"FP8 rows of hidden={config.hidden} are not 16-byte multiples",
+              "pad hidden to a multiple of 16")
+    return None
+  if not any(payloads[0].dtype == jnp.dtype(d) for d in HT_ROW_DTYPES):
+    return (f"rows of dtype {payloads[0].dtype}", "dispatch bfloat16, float16, float32 or FP8 "
+            "rows")
+  return None
+
+
+def ll_unsupported(x_dtype, num_tokens: int, config: EpConfig, num_ranks: int,
+                   dispatch: bool = False) -> tuple[str, str] | None:
+  """(reason, fix) when the LL kernels cannot run this call, else None; the
+  routing table limit binds only the dispatch (`dispatch`)."""
+  if x_dtype != jnp.bfloat16:
+    return (f"rows of dtype {jnp.dtype(x_dtype)}; the LL kernels move bfloat16 rows",
+            "cast to bfloat16 (use_fp8=True sends FP8)")
+  if num_ranks > LL_MAX_RANKS:
+    return f"{num_ranks} EP ranks > {LL_MAX_RANKS}", f"use at most {LL_MAX_RANKS} EP ranks"
+  if config.num_topk > MAX_TOPK:
+    return f"num_topk={config.num_topk} > {MAX_TOPK}", f"use num_topk <= {MAX_TOPK}"
+  if config.hidden % 8:
+    return (f"hidden={config.hidden} is not a multiple of 8 (16-byte rows)",
+            "pad hidden to a multiple of 8")
+  if dispatch and not ll_routing_fits(num_tokens, config):
+    return (f"{num_tokens} tokens x top-{config.num_topk} with {config.num_experts} experts "
+            f"exceed the dispatch kernel's {LL_MAX_ROUTING_BYTES // 1024} KB routing table",
+            "send fewer tokens per low-latency call, or use jax_ep.dispatch (high throughput)")
+  return None
+
+
+def require_low_latency(config: EpConfig, op: str) -> None:
+  """The LL ops run on the LL buffers: none exist with enable_low_latency=False."""
+  if not config.enable_low_latency:
+    raise EpConfigError(
+        f"jax_ep.{op}: EpConfig(enable_low_latency=False) allocated no low-latency buffers on "
+        "the CUDA backend; set enable_low_latency=True (and call jax_ep.initialize again) to use "
+        "the low-latency ops")
 
 
 def ll_routing_fits(num_tokens: int, config: EpConfig) -> bool:
   """Whether the LL dispatch kernel can hold this call's routing in shared memory:
   every token's top-k and two expert histograms, 4 bytes each
-  (cuda/ll_kernels.cu DispatchSendSmem). Larger calls take the portable path."""
+  (cuda/ll_kernels.cu DispatchSendSmem)."""
   entries = num_tokens * config.num_topk + 2 * config.num_experts
   return 4 * entries <= LL_MAX_ROUTING_BYTES
 
 
+def cached_routing(send_row: jax.Array, config: EpConfig) -> jax.Array:
+  """int32 [T, K]: for token t, the first expert of each rank r where
+  send_row[t, r] >= 0, in rank order, then -1. A dispatch with it places rows
+  where the dispatch that made send_row did (CudaBackend.ht_dispatch_cached).
+
+  A token is kept on at most K ranks (each needs one of its K experts), so the
+  ranks always fit the K entries, whatever R is.
+  """
+  num_tokens, num_ranks = send_row.shape
+  first_expert = jnp.arange(num_ranks, dtype=I32) * config.experts_per_rank(num_ranks)
+  kept = send_row >= 0
+  width = min(config.num_topk, num_ranks)
+  ranks = jnp.argsort(~kept, axis=1, stable=True)[:, :width]  # kept ranks first, in order
+  routing = jnp.where(jnp.take_along_axis(kept, ranks, axis=1), first_expert[ranks], -1)
+  return jnp.pad(routing, ((0, 0), (0, config.num_topk - width)), constant_values=-1)
+
+
+def _pad_columns(rows: jax.Array) -> jax.Array:
+  """[N, W] -> [N, W'] with W' * itemsize a multiple of 16 bytes (zero columns)."""
+  per_vector = 16 // rows.dtype.itemsize
+  missing = -rows.shape[1] % per_vector
+  return jnp.pad(rows, ((0, 0), (0, missing))) if missing else rows
+
+
 class CudaBackend(XlaBackend):
-  """Kernels for bf16 (and FP8) rows; the portable path for everything else."""
+  """The kernels where they apply; the portable path, announced, elsewhere."""
 
   name = "cuda"
 
   # ---------------------------------------------------------------- HT
-  @staticmethod
-  def ht_kernel_supports(payloads, config: EpConfig, num_ranks: int) -> bool:
-    """bf16 rows or FP8 rows (+ scales), R <= 8, K <= 32: the HT kernels' domain."""
-    if num_ranks > HT_MAX_RANKS or config.num_topk > 32 or not config.enable_high_throughput:
-      return False
-    if len(payloads) == 1:
-      return payloads[0].dtype == jnp.bfloat16 and config.hidden % 8 == 0
-    return (len(payloads) == 2 and payloads[0].dtype == fp8_lib.FP8_DTYPE
-            and config.hidden % 16 == 0)
-
   def ht_dispatch(self, payloads, topk_idx, topk_weights, config: EpConfig, capacity: int):
     num_ranks = jax.lax.axis_size(config.axis_name)
-    if (not self.ht_kernel_supports(payloads, config, num_ranks)
-        or payloads[0].shape[0] > HT_MAX_TOKENS):
+    why = ht_unsupported(config, num_ranks) or ht_payload_unsupported(payloads, config)
+    if why is not None:
+      portable_fallback("dispatch", config, *why)
       return super().ht_dispatch(payloads, topk_idx, topk_weights, config, capacity)
     if config.debug_checks:
       self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index
+    return self._ht_dispatch_kernel(payloads, topk_idx, topk_weights, config, capacity,
+                                    num_ranks)
+
+  def _ht_dispatch_kernel(self, payloads, topk_idx, topk_weights, config: EpConfig,
+                          capacity: int, num_ranks: int):
     x = payloads[0]
     num_tokens = x.shape[0]
-    scales = payloads[1] if len(payloads) == 2 else jnp.zeros((num_tokens, 0), jnp.float32)
+    scales = payloads[1] if len(payloads) == 2 else jnp.zeros((num_tokens, 0), F32)
     k = config.num_topk
     results = (result_type((capacity, config.hidden), x.dtype, x),
                result_type((capacity,) + scales.shape[1:], scales.dtype, x),
-               result_type((capacity, k), I32, x), result_type((capacity, k), jnp.float32, x),
+               result_type((capacity, k), I32, x), result_type((capacity, k), F32, x),
                result_type((), I32, x),
                result_type((config.experts_per_rank(num_ranks),), I32, x),
                result_type((), I32, x), result_type((), I32, x),
@@ -94,69 +205,108 @@ class CudaBackend(XlaBackend):
     (out_x, out_scales, out_idx, out_w, num_kept, tokens_per_expert, num_dropped, num_invalid,
      recv_src, send_row) = _call("jax_ep_ht_dispatch", results, x, scales, topk_idx,
                                  topk_weights, capacity=np.int64(capacity),
-                                 **_dims(config, num_ranks))
+                                 config=config_attr(config, num_ranks))
     outs = (out_x, out_scales) if len(payloads) == 2 else (out_x,)
     handle = DispatchHandle(recv_src=recv_src, send_row=send_row, num_tokens=num_kept,
                             config=config)
     return outs, out_idx, out_w, num_kept, tokens_per_expert, num_dropped, num_invalid, handle
 
   def ht_dispatch_cached(self, payload: jax.Array, handle: DispatchHandle) -> jax.Array:
-    """Combine's backward on the dispatch kernel: [T_local, H] bf16 rows along
-    the handle's layout -> [C, H].
+    """Combine's backward on the dispatch kernel: [T_local, H] rows along the
+    handle's layout -> [C, H].
 
     The kernel is driven by cached_routing: token t to the first expert of
-    rank r exactly where send_row[t, r] >= 0. Rows then land in the same
+    each rank r where send_row[t, r] >= 0. Rows then land in the same
     (source rank, source token) order, so at the same rows: a row kept by the
     original dispatch has only kept rows before it (drops happen past the
     capacity, at the end of that order), so the prefix sums the kernel
     computes from the kept rows alone place it where it was
-    (tests/cpu/test_ht.py checks this on the portable path). Needs R <= K;
-    otherwise, or with debug_checks, the portable path.
+    (tests/cpu/test_ht.py checks this on the portable path). The synthetic
+    routing is always valid, so debug_checks add nothing here.
     """
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
     num_tokens = handle.send_row.shape[0]
-    if (payload.ndim != 2 or payload.shape != (num_tokens, config.hidden)
-        or num_ranks > config.num_topk or config.debug_checks
-        or not self.ht_kernel_supports((payload,), config, num_ranks)):
+    op = "combine (backward)"
+    why = (ht_unsupported(config, num_ranks)
+           or ht_payload_unsupported((payload,), config))
+    if payload.ndim != 2 or payload.shape != (num_tokens, config.hidden):
+      why = (f"cotangent rows of shape {payload.shape}", f"rows of [{num_tokens}, "
+             f"{config.hidden}]")
+    if why is not None:
+      portable_fallback(op, config, *why)
       return super().ht_dispatch_cached(payload, handle)
     routing = cached_routing(handle.send_row, config)
-    weights = jnp.zeros((num_tokens, config.num_topk), jnp.float32)
-    (rows,), *_ = self.ht_dispatch((payload,), routing, weights, config,
-                                   handle.recv_src.shape[0])
+    weights = jnp.zeros((num_tokens, config.num_topk), F32)
+    (rows,), *_ = self._ht_dispatch_kernel((payload,), routing, weights, config,
+                                           handle.recv_src.shape[0], num_ranks)
     return rows
 
   def ht_combine(self, rows: jax.Array, handle: DispatchHandle) -> jax.Array:
+    """[C, W] rows (bf16/f16/f32; hidden rows, or e.g. the weights' [C, K]) back
+    to their sources, summed in fp32 in rank order -> [T_local, W]."""
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
-    if (rows.ndim != 2 or rows.dtype != jnp.bfloat16 or rows.shape[1] != config.hidden
-        or not self.ht_kernel_supports((rows,), config, num_ranks)):
+    why = ht_unsupported(config, num_ranks)
+    if why is None and (rows.ndim != 2
+                        or not any(rows.dtype == jnp.dtype(d) for d in HT_ROW_DTYPES)):
+      why = (f"rows of dtype {rows.dtype} and shape {rows.shape}", "combine bfloat16, float16 "
+             "or float32 [C, W] rows")
+    if why is not None:
+      portable_fallback("combine", config, *why)
       return super().ht_combine(rows, handle)
-    capacity = rows.shape[0]
-    out = result_type((handle.send_row.shape[0], config.hidden), jnp.bfloat16, rows)
-    return _call("jax_ep_ht_combine", out, rows, handle.recv_src, handle.send_row,
-                 handle.num_tokens, capacity=np.int64(capacity), **_dims(config, num_ranks))
+    width = rows.shape[1]
+    padded = _pad_columns(rows)
+    out = result_type((handle.send_row.shape[0], padded.shape[1]), rows.dtype, rows)
+    summed = _call("jax_ep_ht_combine", out, padded, handle.recv_src, handle.send_row,
+                   handle.num_tokens, capacity=np.int64(rows.shape[0]),
+                   config=config_attr(config, num_ranks))
+    return summed[:, :width] if padded.shape[1] != width else summed
 
   # ---------------------------------------------------------------- LL
-  @staticmethod
-  def ll_kernel_supports(x_dtype, config: EpConfig) -> bool:
-    """bf16 rows, K <= 32, hidden a multiple of 8: the LL kernels' domain."""
-    return (x_dtype == jnp.bfloat16 and config.num_topk <= 32 and config.hidden % 8 == 0)
-
   def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool):
+    require_low_latency(config, "low_latency_dispatch")
     num_ranks = jax.lax.axis_size(config.axis_name)
-    if (not self.ll_kernel_supports(x.dtype, config)
-        or not ll_routing_fits(x.shape[0], config)):
+    why = ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True)
+    if why is not None:
+      portable_fallback("low_latency_dispatch", config, *why)
       return super().ll_dispatch(x, topk_idx, config, use_fp8)
+    out, scales, count, num_invalid, handle, _ = self._ll_dispatch_kernel(
+        x, topk_idx, None, config, use_fp8, num_ranks)
+    return out, scales, count, num_invalid, handle
+
+  def ll_dispatch_weighted(self, x: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
+                           config: EpConfig):
+    """(rows [E_local, R*T_ll, H], row_weights f32[E_local, R*T_ll], handle): one
+    kernel; each pair's weight travels in its header."""
+    require_low_latency(config, "low_latency_combine")
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    why = ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True)
+    if why is not None:
+      portable_fallback("low_latency_combine (backward)", config, *why)
+      return super().ll_dispatch_weighted(x, topk_idx, topk_weights, config)
+    out, _, _, _, handle, row_weights = self._ll_dispatch_kernel(
+        x, topk_idx, topk_weights.astype(F32), config, False, num_ranks)
+    return out, row_weights, handle
+
+  def _ll_dispatch_kernel(self, x, topk_idx, topk_weights, config: EpConfig, use_fp8: bool,
+                          num_ranks: int):
     if config.debug_checks:
       self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index
-    results = self._recv_results(config, num_ranks, use_fp8, x) + (result_type((), I32, x),)
-    out, scales, count, recv_src, num_invalid = _call(
-        "jax_ep_ll_dispatch", results, x, topk_idx, use_fp8=bool(use_fp8),
-        **_dims(config, num_ranks))
+    experts_per_rank = config.experts_per_rank(num_ranks)
+    rows = num_ranks * config.ll_max_tokens
+    with_weights = topk_weights is not None
+    weights_in = topk_weights if with_weights else jnp.zeros((x.shape[0], 0), F32)
+    results = self._recv_results(config, num_ranks, use_fp8, x) + (
+        result_type((experts_per_rank, rows if with_weights else 0), F32, x),
+        result_type((), I32, x))
+    out, scales, count, recv_src, row_weights, num_invalid = _call(
+        "jax_ep_ll_dispatch", results, x, topk_idx, weights_in, use_fp8=bool(use_fp8),
+        config=config_attr(config, num_ranks))
     handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config,
                               num_tokens=x.shape[0])
-    return out, scales if use_fp8 else None, count, num_invalid, handle
+    return (out, scales if use_fp8 else None, count, num_invalid, handle,
+            row_weights if with_weights else None)
 
   def _recv_results(self, config: EpConfig, num_ranks: int, use_fp8: bool, like: jax.Array):
     experts_per_rank = config.experts_per_rank(num_ranks)
@@ -164,32 +314,69 @@ class CudaBackend(XlaBackend):
     x_dtype = fp8_lib.FP8_DTYPE if use_fp8 else jnp.bfloat16
     scale_width = config.hidden // fp8_lib.GROUP if use_fp8 else 0
     return (result_type((experts_per_rank, rows, config.hidden), x_dtype, like),
-            result_type((experts_per_rank, rows, scale_width), jnp.float32, like),
+            result_type((experts_per_rank, rows, scale_width), F32, like),
             result_type((experts_per_rank,), I32, like),
             result_type((experts_per_rank, rows), I32, like))
 
   def ll_combine(self, rows: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
                  handle: LowLatencyHandle) -> jax.Array:
-    if rows.ndim != 3 or not self.ll_kernel_supports(rows.dtype, handle.config):
-      return super().ll_combine(rows, topk_idx, topk_weights, handle)
     config = handle.config
+    require_low_latency(config, "low_latency_combine")
     num_ranks = jax.lax.axis_size(config.axis_name)
-    out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, rows)
-    return _call("jax_ep_ll_combine", out, rows, handle.recv_src, handle.count, topk_idx,
-                 topk_weights.astype(jnp.float32), **_dims(config, num_ranks))
+    why = ll_unsupported(rows.dtype, topk_idx.shape[0], config, num_ranks)
+    if why is None and rows.ndim != 3:
+      why = (f"rows of shape {rows.shape}", "combine [E_local, R*T_ll, H] rows")
+    if why is not None:
+      portable_fallback("low_latency_combine", config, *why)
+      return super().ll_combine(rows, topk_idx, topk_weights, handle)
+    out, _ = self._ll_combine_kernel(rows, None, topk_idx, topk_weights, handle, num_ranks)
+    return out
+
+  def ll_rows_to_pairs(self, values: jax.Array, topk_idx: jax.Array,
+                       handle: LowLatencyHandle) -> jax.Array:
+    """values f32[E_local, R*T_ll] -> f32[T_local, K] on the combine kernel
+    (its per-pair values, no rows)."""
+    config = handle.config
+    require_low_latency(config, "low_latency_combine")
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    why = ll_unsupported(jnp.bfloat16, topk_idx.shape[0], config, num_ranks)
+    if why is not None:
+      portable_fallback("low_latency_combine (backward)", config, *why)
+      return super().ll_rows_to_pairs(values, topk_idx, handle)
+    _, pair_values = self._ll_combine_kernel(None, values.astype(F32), topk_idx,
+                                             jnp.zeros(topk_idx.shape, F32), handle, num_ranks)
+    return pair_values
+
+  def _ll_combine_kernel(self, rows, row_values, topk_idx, topk_weights,
+                         handle: LowLatencyHandle, num_ranks: int):
+    config = handle.config
+    experts_per_rank = config.experts_per_rank(num_ranks)
+    num_tokens = topk_idx.shape[0]
+    like = topk_idx
+    if rows is None:
+      rows = jnp.zeros((experts_per_rank, num_ranks * config.ll_max_tokens, 0), jnp.bfloat16)
+    if row_values is None:
+      row_values = jnp.zeros((experts_per_rank, 0), F32)
+    results = (result_type((num_tokens, rows.shape[2]), jnp.bfloat16, like),
+               result_type((num_tokens, config.num_topk if row_values.shape[1] else 0), F32,
+                           like))
+    return _call("jax_ep_ll_combine", results, rows, row_values, handle.recv_src, handle.count,
+                 topk_idx, topk_weights.astype(F32), config=config_attr(config, num_ranks))
 
   # ---------------------------------------------------------------- LL, split for overlap
   def ll_dispatch_send(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig,
                        use_fp8: bool):
     """Starts an LL dispatch; returns (num_invalid, ticket) for ll_dispatch_recv."""
+    require_low_latency(config, "low_latency_dispatch_send")
     num_ranks = jax.lax.axis_size(config.axis_name)
-    if (not self.ll_kernel_supports(x.dtype, config)
-        or not ll_routing_fits(x.shape[0], config)):
+    why = ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True)
+    if why is not None:
+      portable_fallback("low_latency_dispatch_send", config, *why)
       return super().ll_dispatch_send(x, topk_idx, config, use_fp8)
     if config.debug_checks:
       self.layout(topk_idx, config)
     return _call("jax_ep_ll_dispatch_send", (result_type((), I32, x), result_type((), I32, x)),
-                 x, topk_idx, use_fp8=bool(use_fp8), **_dims(config, num_ranks))
+                 x, topk_idx, use_fp8=bool(use_fp8), config=config_attr(config, num_ranks))
 
   def ll_dispatch_recv(self, pending, config: EpConfig, use_fp8: bool, num_tokens: int):
     """Finishes an LL dispatch: (x, scales or None, count, num_invalid, handle)."""
@@ -199,7 +386,8 @@ class CudaBackend(XlaBackend):
     num_ranks = jax.lax.axis_size(config.axis_name)
     out, scales, count, recv_src = _call(
         "jax_ep_ll_dispatch_recv", self._recv_results(config, num_ranks, use_fp8, ticket), ticket,
-        use_fp8=bool(use_fp8), num_tokens=np.int64(num_tokens), **_dims(config, num_ranks))
+        use_fp8=bool(use_fp8), num_tokens=np.int64(num_tokens),
+        config=config_attr(config, num_ranks))
     handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config,
                               num_tokens=num_tokens)
     return out, scales if use_fp8 else None, count, num_invalid, handle
@@ -207,11 +395,17 @@ class CudaBackend(XlaBackend):
   def ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle):
     """Starts an LL combine; returns what ll_combine_recv needs."""
     config = handle.config
-    if rows.ndim != 3 or not self.ll_kernel_supports(rows.dtype, config):
-      return super().ll_combine_send(rows, handle)
+    require_low_latency(config, "low_latency_combine_send")
     num_ranks = jax.lax.axis_size(config.axis_name)
+    why = ll_unsupported(rows.dtype, handle.num_tokens, config, num_ranks)
+    if why is None and rows.ndim != 3:
+      why = (f"rows of shape {rows.shape}", "combine [E_local, R*T_ll, H] rows")
+    if why is not None:
+      portable_fallback("low_latency_combine_send", config, *why)
+      return super().ll_combine_send(rows, handle)
     return _call("jax_ep_ll_combine_send", result_type((), I32, rows), rows, handle.recv_src,
-                 handle.count, num_tokens=np.int64(handle.num_tokens), **_dims(config, num_ranks))
+                 handle.count, num_tokens=np.int64(handle.num_tokens),
+                 config=config_attr(config, num_ranks))
 
   def ll_combine_recv(self, pending, topk_idx: jax.Array, topk_weights: jax.Array,
                       handle: LowLatencyHandle) -> jax.Array:
@@ -221,7 +415,7 @@ class CudaBackend(XlaBackend):
     num_ranks = jax.lax.axis_size(config.axis_name)
     out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, topk_idx)
     return _call("jax_ep_ll_combine_recv", out, pending, topk_idx,
-                 topk_weights.astype(jnp.float32), **_dims(config, num_ranks))
+                 topk_weights.astype(F32), config=config_attr(config, num_ranks))
 
 
 def lowering_check_targets() -> tuple[str, ...]:
@@ -229,4 +423,3 @@ def lowering_check_targets() -> tuple[str, ...]:
   return ("jax_ep_ht_dispatch", "jax_ep_ht_combine", "jax_ep_ll_dispatch", "jax_ep_ll_combine",
           "jax_ep_ll_dispatch_send",
           "jax_ep_ll_dispatch_recv", "jax_ep_ll_combine_send", "jax_ep_ll_combine_recv")
-

@@ -213,6 +213,14 @@ class XlaBackend:
                          axis)
     return returned.reshape((-1,) + row_shape)
 
+  def ll_dispatch_weighted(self, x: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
+                           config: EpConfig):
+    """(rows [E_local, R*T_ll, ...], row_weights f32[E_local, R*T_ll], handle): an LL
+    dispatch of x whose every received row (t, e) also carries the sum of
+    topk_weights[t, k] over the k choosing e (0 past count)."""
+    out, _, _, _, handle = self.ll_dispatch(x, topk_idx, config, False)
+    return out, self.ll_pairs_to_rows(topk_weights, topk_idx, handle), handle
+
   # LL backward helpers: small per-(token, expert) values, plain jnp + all_to_all.
   def ll_pairs_to_rows(self, values: jax.Array, topk_idx: jax.Array,
                        handle: LowLatencyHandle) -> jax.Array:

@@ -21,7 +21,7 @@ const char* OpName(uint32_t op) {
 std::string DimsText(const cuda::EpDims& d) {
   return "R=" + std::to_string(d.num_ranks) + " E=" + std::to_string(d.num_experts) +
          " H=" + std::to_string(d.hidden) + " T=" + std::to_string(d.max_tokens) +
-         " K=" + std::to_string(d.num_topk);
+         " T_ll=" + std::to_string(d.ll_max_tokens) + " K=" + std::to_string(d.num_topk);
 }
 
 std::string ShapeText(ffi::Span<const int64_t> dims) {
@@ -30,7 +30,7 @@ std::string ShapeText(ffi::Span<const int64_t> dims) {
   return text + "]";
 }
 
-ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const TracedDims& traced,
+ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const CallConfig& traced,
                                               int32_t device_ordinal, bool need_low_latency,
                                               bool need_high_throughput) {
   const cuda::Runtime& runtime = cuda::Runtime::Get();
@@ -42,10 +42,11 @@ ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const TracedDims& 
   const cuda::EpDims& d = runtime.dims();
   if (d.num_ranks != traced.num_ranks || d.num_experts != traced.num_experts ||
       d.hidden != traced.hidden || d.max_tokens != traced.max_tokens ||
-      d.num_topk != traced.num_topk) {
+      d.ll_max_tokens != traced.ll_max_tokens || d.num_topk != traced.num_topk) {
     cuda::EpDims t{static_cast<int32_t>(traced.num_ranks), 0,
                    static_cast<int32_t>(traced.num_experts), 0,
                    static_cast<int32_t>(traced.hidden), static_cast<int32_t>(traced.max_tokens),
+                   static_cast<int32_t>(traced.ll_max_tokens),
                    static_cast<int32_t>(traced.num_topk)};
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition, 
         std::string("jax_ep ") + op + ": compiled for " + DimsText(t) +

@@ -21,13 +21,14 @@ struct HandlerEntry {
   XLA_FFI_Handler* handler;
 };
 
-// The EpConfig the call was traced with (the FFI attributes num_ranks,
-// num_experts, hidden, max_tokens, num_topk every handler binds).
-struct TracedDims {
+// The EpConfig a call was traced with: one struct attribute, "config", that
+// every jax_ep target binds (jax_ep/backends/cuda.py builds it).
+struct CallConfig {
   int64_t num_ranks;
   int64_t num_experts;
   int64_t hidden;
   int64_t max_tokens;
+  int64_t ll_max_tokens;
   int64_t num_topk;
 };
 
@@ -35,7 +36,7 @@ std::string DimsText(const cuda::EpDims& d);
 
 // Checks the runtime is up, sized for the traced config, on this device, and
 // that no earlier fault is pending; returns the runtime.
-ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const TracedDims& traced,
+ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const CallConfig& traced,
                                               int32_t device_ordinal, bool need_low_latency,
                                               bool need_high_throughput);
 
@@ -54,5 +55,13 @@ XLA_FFI_Handler* PrepareStatusCheckHandler();
 std::string ShapeText(ffi::Span<const int64_t> dims);
 
 }  // namespace jax_ep::ffi_cuda
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(::jax_ep::ffi_cuda::CallConfig,
+                                      ::xla::ffi::StructMember<int64_t>("num_ranks"),
+                                      ::xla::ffi::StructMember<int64_t>("num_experts"),
+                                      ::xla::ffi::StructMember<int64_t>("hidden"),
+                                      ::xla::ffi::StructMember<int64_t>("max_tokens"),
+                                      ::xla::ffi::StructMember<int64_t>("ll_max_tokens"),
+                                      ::xla::ffi::StructMember<int64_t>("num_topk"));
 
 #endif  // JAX_EP_XLA_FFI_CUDA_HANDLER_COMMON_H_

@@ -1,14 +1,19 @@
 // XLA FFI handlers (CUDA) of the high-throughput ops. Command-buffer
 // compatible: kernels only, no host sync, sequence numbers on the device.
+// Every target binds the traced EpConfig as one struct attribute, "config".
 //
-//   jax_ep_ht_dispatch(x [T,H] bf16|f8e4m3fn, scales [T,S] (S = 0: none),
-//                      topk_idx s32[T,K], topk_weights f32[T,K]) ->
+//   jax_ep_ht_dispatch(x [T,H] bf16|f16|f32|f8e4m3fn, scales [T,S] (S = 0: none),
+//                      topk_idx s32[T,K], topk_weights f32[T,K]; capacity) ->
 //       x [C,H], scales [C,S], topk_idx s32[C,K], topk_weights f32[C,K],
 //       num_tokens s32[], tokens_per_expert s32[E_local], num_dropped s32[],
 //       num_invalid s32[], recv_src s32[C], send_row s32[T,R]
-//   jax_ep_ht_combine(y bf16[C,H], recv_src s32[C], send_row s32[T,R],
-//                     num_tokens s32[]) -> out bf16[T,H]
+//   jax_ep_ht_combine(y [C,W] bf16|f16|f32, recv_src s32[C], send_row s32[T,R],
+//                     num_tokens s32[]) -> out [T,W] (y's type)
+//     W * element size must be a multiple of 16 bytes; rows wider than 2H
+//     bytes travel in several passes (cuda/ht_kernels.cu).
 #include "xla_ffi/cuda/ht_handlers.h"
+
+#include <algorithm>
 
 #include "cuda/ht_launch.h"
 #include "xla_ffi/cuda/handler_common.h"
@@ -30,35 +35,43 @@ size_t RowBytes(const ffi::AnyBuffer& buffer) {
                           : 0;
 }
 
-ffi::Error HtDispatchImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
-                          int64_t num_experts, int64_t hidden, int64_t max_tokens,
-                          int64_t num_topk, int64_t capacity, ffi::AnyBuffer x,
-                          ffi::AnyBuffer scales, S32Matrix topk_idx, F32Matrix topk_weights,
+ffi::Error HtDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config,
+                          int64_t capacity, ffi::AnyBuffer x, ffi::AnyBuffer scales,
+                          S32Matrix topk_idx, F32Matrix topk_weights,
                           ffi::Result<ffi::AnyBuffer> out_x, ffi::Result<ffi::AnyBuffer> out_scales,
                           ffi::Result<S32Matrix> out_idx, ffi::Result<F32Matrix> out_w,
                           ffi::Result<S32Scalar> num_tokens, ffi::Result<S32Vector> tokens_per_expert,
                           ffi::Result<S32Scalar> num_dropped, ffi::Result<S32Scalar> num_invalid,
                           ffi::Result<S32Vector> recv_src, ffi::Result<S32Matrix> send_row) {
-  auto runtime_or = RuntimeFor(kDispatch, {num_ranks, num_experts, hidden, max_tokens, num_topk},
-                               device, false, /*need_high_throughput=*/true);
+  auto runtime_or = RuntimeFor(kDispatch, config, device, false, /*need_high_throughput=*/true);
   if (runtime_or.has_error()) return runtime_or.error();
   const cuda::Runtime& runtime = **runtime_or;
   auto x_dims = x.dimensions();
-  const bool fp8 = x.element_type() == ffi::DataType::F8E4M3FN;
-  if (x_dims.size() != 2 || x_dims[1] != hidden || x_dims[0] > max_tokens ||
-      (!fp8 && x.element_type() != ffi::DataType::BF16)) {
-    return ffi::Error::InvalidArgument("jax_ep dispatch: x must be bfloat16 or float8_e4m3fn "
-                                       "[tokens <= T, H], got " + ShapeText(x_dims));
+  const ffi::DataType x_type = x.element_type();
+  if (x_dims.size() != 2 || x_dims[1] != config.hidden || x_dims[0] > config.max_tokens ||
+      (x_type != ffi::DataType::F8E4M3FN && x_type != ffi::DataType::BF16 &&
+       x_type != ffi::DataType::F16 && x_type != ffi::DataType::F32)) {
+    return ffi::Error::InvalidArgument("jax_ep dispatch: x must be bfloat16, float16, float32 "
+                                       "or float8_e4m3fn [tokens <= T, H], got " +
+                                       ShapeText(x_dims));
   }
   const int64_t tokens = x_dims[0];
   const size_t scale_bytes = RowBytes(scales);
-  if (topk_idx.dimensions()[0] != tokens || topk_idx.dimensions()[1] != num_topk ||
+  if (topk_idx.dimensions()[0] != tokens || topk_idx.dimensions()[1] != config.num_topk ||
       topk_weights.dimensions()[0] != tokens || scales.dimensions()[0] != tokens ||
-      send_row->dimensions()[0] != tokens || send_row->dimensions()[1] != num_ranks ||
+      send_row->dimensions()[0] != tokens || send_row->dimensions()[1] != config.num_ranks ||
       out_x->dimensions()[0] != capacity || RowBytes(*out_x) != RowBytes(x) ||
       RowBytes(*out_scales) != scale_bytes || recv_src->dimensions()[0] != capacity ||
-      capacity > num_ranks * max_tokens) {
+      capacity > config.num_ranks * config.max_tokens) {
     return ffi::Error::InvalidArgument("jax_ep dispatch: operand/result shapes do not match");
+  }
+  // Rows wider than the receive buffers' rows (float32) move in several
+  // launches, one per column range; each launch also rewrites the routing
+  // outputs, with the same values.
+  const size_t row_bytes = RowBytes(x);
+  const size_t buffer_row_bytes = runtime.layout().ht_row_bytes / 16 * 16;
+  if (scale_bytes != 0 && row_bytes > buffer_row_bytes) {
+    return ffi::Error::InvalidArgument("jax_ep dispatch: rows with scales must fit one pass");
   }
   cuda::HtDispatchArgs args{};
   args.x = x.untyped_data();
@@ -67,7 +80,8 @@ ffi::Error HtDispatchImpl(cudaStream_t stream, int32_t device, int64_t num_ranks
   args.topk_weights = topk_weights.typed_data();
   args.num_tokens = static_cast<int>(tokens);
   args.capacity = static_cast<int>(capacity);
-  args.row_bytes = RowBytes(x);
+  args.x_row_stride = row_bytes;
+  args.out_row_stride = row_bytes;
   args.scale_bytes = scale_bytes;
   args.out_x = out_x->untyped_data();
   args.out_scales = scale_bytes ? out_scales->untyped_data() : nullptr;
@@ -79,31 +93,49 @@ ffi::Error HtDispatchImpl(cudaStream_t stream, int32_t device, int64_t num_ranks
   args.out_num_invalid = num_invalid->typed_data();
   args.out_recv_src = recv_src->typed_data();
   args.out_send_row = send_row->typed_data();
-  const cudaError_t err = cuda::LaunchHtDispatch(runtime.ht_context(), args, stream);
+  cudaError_t err = cudaSuccess;
+  for (size_t offset = 0; offset < row_bytes && err == cudaSuccess; offset += buffer_row_bytes) {
+    cuda::HtDispatchArgs pass = args;
+    pass.x = static_cast<const char*>(args.x) + offset;
+    pass.out_x = static_cast<char*>(args.out_x) + offset;
+    pass.row_bytes = std::min(buffer_row_bytes, row_bytes - offset);
+    err = cuda::LaunchHtDispatch(runtime.ht_context(), pass, stream);
+  }
   if (err == cudaErrorInvalidValue) {
     return ffi::Error::InvalidArgument(
         "jax_ep dispatch: the HT kernels need R <= 8, E_local <= 1024, K <= 32 and rows that are "
-        "a multiple of 16 bytes");
+        "a multiple of 16 bytes (jax_ep takes the portable path for other configs)");
   }
   return LaunchError(kDispatch, err);
 }
 
-ffi::Error HtCombineImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
-                         int64_t num_experts, int64_t hidden, int64_t max_tokens,
-                         int64_t num_topk, int64_t capacity, ffi::AnyBuffer y,
-                         S32Vector recv_src, S32Matrix send_row, S32Scalar num_tokens,
+ffi::ErrorOr<cuda::HtRowType> CombineRowType(ffi::DataType type) {
+  switch (type) {
+    case ffi::DataType::BF16: return cuda::HtRowType::kBf16;
+    case ffi::DataType::F16: return cuda::HtRowType::kF16;
+    case ffi::DataType::F32: return cuda::HtRowType::kF32;
+    default:
+      return ffi::Error::InvalidArgument("jax_ep combine: y must be bfloat16, float16 or float32");
+  }
+}
+
+ffi::Error HtCombineImpl(cudaStream_t stream, int32_t device, CallConfig config,
+                         int64_t capacity, ffi::AnyBuffer y, S32Vector recv_src,
+                         S32Matrix send_row, S32Scalar num_tokens,
                          ffi::Result<ffi::AnyBuffer> out) {
-  auto runtime_or = RuntimeFor(kCombine, {num_ranks, num_experts, hidden, max_tokens, num_topk},
-                               device, false, /*need_high_throughput=*/true);
+  auto runtime_or = RuntimeFor(kCombine, config, device, false, /*need_high_throughput=*/true);
   if (runtime_or.has_error()) return runtime_or.error();
   const cuda::Runtime& runtime = **runtime_or;
+  auto row_type = CombineRowType(y.element_type());
+  if (row_type.has_error()) return row_type.error();
   auto y_dims = y.dimensions();
-  if (y.element_type() != ffi::DataType::BF16 || y_dims.size() != 2 || y_dims[0] != capacity ||
-      y_dims[1] != hidden || recv_src.dimensions()[0] != capacity ||
-      send_row.dimensions()[1] != num_ranks || out->element_type() != ffi::DataType::BF16 ||
-      out->dimensions()[0] != send_row.dimensions()[0]) {
-    return ffi::Error::InvalidArgument("jax_ep combine: y must be bfloat16 [C, H] matching the "
-                                       "handle, got " + ShapeText(y_dims));
+  if (y_dims.size() != 2 || y_dims[0] != capacity || RowBytes(y) % 16 != 0 || y_dims[1] == 0 ||
+      recv_src.dimensions()[0] != capacity || send_row.dimensions()[1] != config.num_ranks ||
+      out->element_type() != y.element_type() || out->dimensions().size() != 2 ||
+      out->dimensions()[0] != send_row.dimensions()[0] || out->dimensions()[1] != y_dims[1]) {
+    return ffi::Error::InvalidArgument("jax_ep combine: y must be [C, W] matching the handle, "
+                                       "with W * element size a multiple of 16 bytes; got " +
+                                       ShapeText(y_dims));
   }
   cuda::HtCombineArgs args{};
   args.y = y.untyped_data();
@@ -112,6 +144,8 @@ ffi::Error HtCombineImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
   args.num_tokens = num_tokens.typed_data();
   args.capacity = static_cast<int>(capacity);
   args.num_local_tokens = static_cast<int>(send_row.dimensions()[0]);
+  args.num_columns = static_cast<int>(y_dims[1]);
+  args.row_type = *row_type;
   args.out = out->untyped_data();
   return LaunchError(kCombine, cuda::LaunchHtCombine(runtime.ht_context(), args, stream));
 }
@@ -122,11 +156,7 @@ ffi::Error HtCombineImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
   ffi::Ffi::Bind()                                       \
       .Ctx<ffi::PlatformStream<cudaStream_t>>()          \
       .Ctx<ffi::DeviceOrdinal>()                         \
-      .Attr<int64_t>("num_ranks")                        \
-      .Attr<int64_t>("num_experts")                      \
-      .Attr<int64_t>("hidden")                           \
-      .Attr<int64_t>("max_tokens")                       \
-      .Attr<int64_t>("num_topk")                         \
+      .Attr<CallConfig>("config")                        \
       .Attr<int64_t>("capacity")
 
 XLA_FFI_DEFINE_HANDLER(kHtDispatch, HtDispatchImpl,

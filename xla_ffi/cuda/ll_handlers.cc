@@ -1,16 +1,20 @@
 // XLA FFI handlers (CUDA) of the low-latency ops. Each decodes and checks its
 // buffers and launches kernels on XLA's stream; no allocation, no host sync and
 // no per-call host state (parity and sequence numbers live on the device), so
-// every handler is command-buffer compatible.
+// every handler is command-buffer compatible. Every target binds the traced
+// EpConfig as one struct attribute, "config". T_ll = config.ll_max_tokens.
 //
-// Custom calls (jax_ep/backends/cuda.py builds them):
-//   jax_ep_ll_dispatch(x bf16[T,H], topk_idx s32[T,K]) ->
-//       x [E_local, R*T_max, H] (bf16 | f8e4m3fn), scales f32[E_local, R*T_max, H/128 | 0],
-//       count s32[E_local], recv_src s32[E_local, R*T_max], num_invalid s32[]
-//   jax_ep_ll_combine(y bf16[E_local, R*T_max, H], recv_src, count, topk_idx s32[T,K],
-//       topk_weights f32[T,K]) -> out bf16[T,H]
-// and the same split in two for overlap, tied by a ticket (the send's sequence
-// number, a device scalar):
+// Custom calls (jax_ep/backends/cuda.py builds them); a trailing dimension of
+// 0 marks an optional operand or result as absent:
+//   jax_ep_ll_dispatch(x bf16[T,H], topk_idx s32[T,K], topk_weights f32[T,K|0]) ->
+//       x [E_local, R*T_ll, H] (bf16 | f8e4m3fn), scales f32[E_local, R*T_ll, H/128 | 0],
+//       count s32[E_local], recv_src s32[E_local, R*T_ll],
+//       weights f32[E_local, R*T_ll | 0] (each pair's weight), num_invalid s32[]
+//   jax_ep_ll_combine(y bf16[E_local, R*T_ll, H|0], row_values f32[E_local, R*T_ll|0],
+//       recv_src, count, topk_idx s32[T,K], topk_weights f32[T,K]) ->
+//       out bf16[T, H|0], pair_values f32[T, K|0]
+// and the row-only ops split in two for overlap, tied by a ticket (the send's
+// sequence number, a device scalar):
 //   jax_ep_ll_dispatch_send(x, topk_idx) -> (num_invalid, ticket)
 //   jax_ep_ll_dispatch_recv(ticket) -> (x, scales, count, recv_src)
 //   jax_ep_ll_combine_send(y, recv_src, count) -> ticket
@@ -23,8 +27,6 @@
 namespace jax_ep::ffi_cuda {
 namespace {
 
-constexpr bool kNeedLl = true;
-
 // Rank-constrained buffer types without commas (the binding is a macro argument).
 using S32Scalar = ffi::Buffer<ffi::S32, 0>;
 using S32Vector = ffi::Buffer<ffi::S32, 1>;
@@ -32,22 +34,121 @@ using S32Matrix = ffi::Buffer<ffi::S32, 2>;
 using F32Matrix = ffi::Buffer<ffi::F32, 2>;
 using F32Rank3 = ffi::Buffer<ffi::F32, 3>;
 
-#define JAX_EP_DIMS_ATTRS                         \
-  .Attr<int64_t>("num_ranks")                     \
-      .Attr<int64_t>("num_experts")               \
-      .Attr<int64_t>("hidden")                    \
-      .Attr<int64_t>("max_tokens")                \
-      .Attr<int64_t>("num_topk")
+constexpr const char* kDispatch = "low_latency_dispatch";
+constexpr const char* kCombine = "low_latency_combine";
 
-ffi::Error CheckTokens(const char* op, ffi::Span<const int64_t> dims, int64_t hidden,
-                       int64_t max_tokens) {
-  if (dims.size() != 2 || dims[1] != hidden || dims[0] > max_tokens) {
-    return ffi::Error::InvalidArgument(std::string("jax_ep ") + op + ": expected [tokens <= " +
-                                       std::to_string(max_tokens) + ", " +
-                                       std::to_string(hidden) + "], got " + ShapeText(dims));
+ffi::Error Invalid(const char* op, const std::string& what) {
+  return ffi::Error::InvalidArgument(std::string("jax_ep ") + op + ": " + what);
+}
+
+ffi::Error CheckDispatchInputs(const cuda::Runtime& runtime, bool use_fp8,
+                               const ffi::AnyBuffer& x, const S32Matrix& topk_idx) {
+  const cuda::EpDims& d = runtime.dims();
+  auto dims = x.dimensions();
+  if (x.element_type() != ffi::DataType::BF16 || dims.size() != 2 || dims[1] != d.hidden ||
+      dims[0] > d.ll_max_tokens) {
+    return Invalid(kDispatch, "x must be bfloat16 [tokens <= " + std::to_string(d.ll_max_tokens) +
+                                  ", " + std::to_string(d.hidden) + "], got " + ShapeText(dims));
+  }
+  const int64_t num_tokens = dims[0];
+  if (topk_idx.dimensions()[0] != num_tokens || topk_idx.dimensions()[1] != d.num_topk ||
+      d.num_topk > 32 || d.hidden % (use_fp8 ? 128 : 8) != 0) {
+    return Invalid(kDispatch, "topk_idx must be [tokens, K] with K <= 32, and hidden a multiple "
+                              "of 8 (128 with FP8)");
+  }
+  const size_t smem = cuda::LlDispatchSmemBytes(static_cast<int>(num_tokens), d);
+  if (smem > cuda::LlMaxDynamicSmemBytes()) {
+    return Invalid(kDispatch,
+                   std::to_string(num_tokens) + " tokens x top-" + std::to_string(d.num_topk) +
+                       " with " + std::to_string(d.num_experts) + " experts need " +
+                       std::to_string(smem) + " bytes of shared memory per block, more than the " +
+                       std::to_string(cuda::LlMaxDynamicSmemBytes()) +
+                       " the LL kernels use; send fewer tokens per call or use jax_ep.dispatch "
+                       "(high throughput)");
   }
   return ffi::Error::Success();
 }
+
+int64_t RowsPerExpert(const cuda::EpDims& d) {
+  return static_cast<int64_t>(d.num_ranks) * d.ll_max_tokens;
+}
+
+ffi::Error CheckDispatchOutputs(const cuda::Runtime& runtime, bool use_fp8, int64_t num_tokens,
+                                ffi::Result<ffi::AnyBuffer>& x, ffi::Result<F32Rank3>& scales,
+                                ffi::Result<S32Vector>& count, ffi::Result<S32Matrix>& recv_src) {
+  const cuda::EpDims& d = runtime.dims();
+  auto x_dims = x->dimensions();
+  if (x_dims.size() != 3 || x_dims[0] != d.experts_per_rank || x_dims[1] != RowsPerExpert(d) ||
+      x_dims[2] != d.hidden ||
+      x->element_type() != (use_fp8 ? ffi::DataType::F8E4M3FN : ffi::DataType::BF16)) {
+    return Invalid(kDispatch, "output x must be [E_local, R*T_ll, H] of bf16 (or float8_e4m3fn "
+                              "with fp8)");
+  }
+  if ((use_fp8 && scales->dimensions()[2] != d.hidden / 128) || num_tokens < 0 ||
+      num_tokens > d.ll_max_tokens || count->dimensions()[0] != d.experts_per_rank ||
+      recv_src->dimensions()[0] != d.experts_per_rank ||
+      recv_src->dimensions()[1] != RowsPerExpert(d)) {
+    return Invalid(kDispatch, "bad scales/count/recv_src shape or token count");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error CheckHandle(const cuda::Runtime& runtime, int64_t num_tokens,
+                       const S32Matrix& recv_src, const S32Vector& count) {
+  const cuda::EpDims& d = runtime.dims();
+  if (count.dimensions()[0] != d.experts_per_rank ||
+      recv_src.dimensions()[0] != d.experts_per_rank ||
+      recv_src.dimensions()[1] != RowsPerExpert(d) || num_tokens < 0 ||
+      num_tokens > d.ll_max_tokens) {
+    return Invalid(kCombine, "handle shapes do not match");
+  }
+  return ffi::Error::Success();
+}
+
+// y: bf16 [E_local, R*T_ll, H], or [E_local, R*T_ll, 0] when `optional`.
+ffi::ErrorOr<bool> CheckCombineRows(const cuda::Runtime& runtime, const ffi::AnyBuffer& y,
+                                    bool optional) {
+  const cuda::EpDims& d = runtime.dims();
+  auto dims = y.dimensions();
+  if (y.element_type() != ffi::DataType::BF16 || dims.size() != 3 ||
+      dims[0] != d.experts_per_rank || dims[1] != RowsPerExpert(d) ||
+      !(dims[2] == d.hidden || (optional && dims[2] == 0))) {
+    return Invalid(kCombine, "y must be bfloat16 [E_local, R*T_ll, H], got " + ShapeText(dims));
+  }
+  return dims[2] != 0;
+}
+
+ffi::Error CheckRouting(const cuda::Runtime& runtime, const S32Matrix& topk_idx,
+                        const F32Matrix& topk_weights) {
+  const cuda::EpDims& d = runtime.dims();
+  const int64_t num_tokens = topk_idx.dimensions()[0];
+  if (topk_idx.dimensions()[1] != d.num_topk || topk_weights.dimensions()[0] != num_tokens ||
+      topk_weights.dimensions()[1] != d.num_topk || num_tokens > d.ll_max_tokens) {
+    return Invalid(kCombine, "topk_idx/topk_weights must be [tokens <= T_ll, K]");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error CheckCombineOutput(const cuda::Runtime& runtime, int64_t num_tokens,
+                              ffi::Result<ffi::AnyBuffer>& out, bool with_rows) {
+  const cuda::EpDims& d = runtime.dims();
+  auto dims = out->dimensions();
+  if (out->element_type() != ffi::DataType::BF16 || dims.size() != 2 || dims[0] != num_tokens ||
+      dims[1] != (with_rows ? d.hidden : 0)) {
+    return Invalid(kCombine, "the output must be bfloat16 [tokens, H]");
+  }
+  return ffi::Error::Success();
+}
+
+#define JAX_EP_RETURN_IF_ERROR(expr)      \
+  if (auto err = (expr); err.failure()) { \
+    return err;                           \
+  }
+
+#define JAX_EP_RUNTIME_OR_RETURN(op)                                                  \
+  auto runtime_or = RuntimeFor(op, config, device, /*need_low_latency=*/true, false); \
+  if (runtime_or.has_error()) return runtime_or.error();                              \
+  const cuda::Runtime& runtime = **runtime_or
 
 uint32_t* Ticket(ffi::Result<S32Scalar>& ticket) {
   return reinterpret_cast<uint32_t*>(ticket->typed_data());
@@ -56,183 +157,146 @@ const uint32_t* Ticket(const S32Scalar& ticket) {
   return reinterpret_cast<const uint32_t*>(ticket.typed_data());
 }
 
-constexpr const char* kDispatch = "low_latency_dispatch";
-constexpr const char* kCombine = "low_latency_combine";
-
-ffi::Error CheckDispatchInputs(const cuda::Runtime& runtime, bool use_fp8,
-                               const ffi::AnyBuffer& x, const S32Matrix& topk_idx) {
-  const cuda::EpDims& d = runtime.dims();
-  if (x.element_type() != ffi::DataType::BF16) {
-    return ffi::Error::InvalidArgument("jax_ep low_latency_dispatch: x must be bfloat16");
-  }
-  if (auto err = CheckTokens(kDispatch, x.dimensions(), d.hidden, d.max_tokens); err.failure()) {
-    return err;
-  }
-  const int64_t num_tokens = x.dimensions()[0];
-  if (topk_idx.dimensions()[0] != num_tokens || topk_idx.dimensions()[1] != d.num_topk ||
-      d.num_topk > 32 || d.hidden % (use_fp8 ? 128 : 8) != 0) {
-    return ffi::Error::InvalidArgument(
-        "jax_ep low_latency_dispatch: topk_idx must be [tokens, K] with K <= 32, and hidden a "
-        "multiple of 8 (128 with FP8)");
-  }
-  const size_t smem = cuda::LlDispatchSmemBytes(static_cast<int>(num_tokens), d);
-  if (smem > cuda::LlMaxDynamicSmemBytes()) {
-    return ffi::Error::InvalidArgument(
-        "jax_ep low_latency_dispatch: " + std::to_string(num_tokens) + " tokens x top-" +
-        std::to_string(d.num_topk) + " with " + std::to_string(d.num_experts) +
-        " experts need " + std::to_string(smem) + " bytes of shared memory per block, more than "
-        "the " + std::to_string(cuda::LlMaxDynamicSmemBytes()) +
-        " the LL kernels use; send fewer tokens per call or use jax_ep.dispatch (high throughput)");
-  }
-  return ffi::Error::Success();
-}
-
-ffi::Error CheckDispatchOutputs(const cuda::Runtime& runtime, bool use_fp8, int64_t num_tokens,
-                                ffi::Result<ffi::AnyBuffer>& x, ffi::Result<F32Rank3>& scales) {
-  const cuda::EpDims& d = runtime.dims();
-  auto x_dims = x->dimensions();
-  if (x_dims.size() != 3 || x_dims[0] != d.experts_per_rank ||
-      x_dims[1] != static_cast<int64_t>(d.num_ranks) * d.max_tokens || x_dims[2] != d.hidden ||
-      x->element_type() != (use_fp8 ? ffi::DataType::F8E4M3FN : ffi::DataType::BF16)) {
-    return ffi::Error::InvalidArgument("jax_ep low_latency_dispatch: output x must be "
-                                       "[E_local, R*T, H] of bf16 (or float8_e4m3fn with fp8)");
-  }
-  if ((use_fp8 && scales->dimensions()[2] != d.hidden / 128) || num_tokens < 0 ||
-      num_tokens > d.max_tokens) {
-    return ffi::Error::InvalidArgument("jax_ep low_latency_dispatch: bad scales shape or tokens");
-  }
-  return ffi::Error::Success();
-}
-
-ffi::Error CheckCombineInputs(const cuda::Runtime& runtime, int64_t num_tokens,
-                              const ffi::AnyBuffer& y, const S32Matrix& recv_src,
-                              const S32Vector& count) {
-  const cuda::EpDims& d = runtime.dims();
-  const int64_t rows = static_cast<int64_t>(d.num_ranks) * d.max_tokens;
-  auto y_dims = y.dimensions();
-  if (y.element_type() != ffi::DataType::BF16 || y_dims.size() != 3 ||
-      y_dims[0] != d.experts_per_rank || y_dims[1] != rows || y_dims[2] != d.hidden) {
-    return ffi::Error::InvalidArgument("jax_ep low_latency_combine: y must be bfloat16 "
-                                       "[E_local, R*T, H], got " + ShapeText(y_dims));
-  }
-  if (count.dimensions()[0] != d.experts_per_rank ||
-      recv_src.dimensions()[0] != d.experts_per_rank || recv_src.dimensions()[1] != rows ||
-      num_tokens < 0 || num_tokens > d.max_tokens) {
-    return ffi::Error::InvalidArgument("jax_ep low_latency_combine: handle shapes do not match");
-  }
-  return ffi::Error::Success();
-}
-
-ffi::Error CheckCombineOutputs(const cuda::Runtime& runtime, const S32Matrix& topk_idx,
-                               const F32Matrix& topk_weights, ffi::Result<ffi::AnyBuffer>& out) {
-  const cuda::EpDims& d = runtime.dims();
-  const int64_t num_tokens = topk_idx.dimensions()[0];
-  if (topk_idx.dimensions()[1] != d.num_topk || topk_weights.dimensions()[0] != num_tokens ||
-      topk_weights.dimensions()[1] != d.num_topk || out->element_type() != ffi::DataType::BF16) {
-    return ffi::Error::InvalidArgument("jax_ep low_latency_combine: topk_idx/topk_weights must be "
-                                       "[tokens, K] and the output bfloat16");
-  }
-  return CheckTokens(kCombine, out->dimensions(), d.hidden, d.max_tokens);
-}
-
-#define JAX_EP_RETURN_IF_ERROR(expr)    \
-  if (auto err = (expr); err.failure()) { \
-    return err;                           \
-  }
-
-#define JAX_EP_RUNTIME_OR_RETURN(op)                                                          \
-  auto runtime_or = RuntimeFor(op, {num_ranks, num_experts, hidden, max_tokens, num_topk},    \
-                               device, /*need_low_latency=*/true, false);                     \
-  if (runtime_or.has_error()) return runtime_or.error();                                      \
-  const cuda::Runtime& runtime = **runtime_or
-
 // ---- one-call ops: one kernel runs the send and the receive part.
-ffi::Error LlDispatchImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
-                          int64_t num_experts, int64_t hidden, int64_t max_tokens,
-                          int64_t num_topk, bool use_fp8, ffi::AnyBuffer x, S32Matrix topk_idx,
+ffi::Error LlDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config, bool use_fp8,
+                          ffi::AnyBuffer x, S32Matrix topk_idx, F32Matrix topk_weights,
                           ffi::Result<ffi::AnyBuffer> out_x, ffi::Result<F32Rank3> out_scales,
                           ffi::Result<S32Vector> out_count, ffi::Result<S32Matrix> out_recv_src,
-                          ffi::Result<S32Scalar> num_invalid) {
+                          ffi::Result<F32Matrix> out_weights, ffi::Result<S32Scalar> num_invalid) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
   JAX_EP_RETURN_IF_ERROR(CheckDispatchInputs(runtime, use_fp8, x, topk_idx));
   const int64_t num_tokens = x.dimensions()[0];
-  JAX_EP_RETURN_IF_ERROR(CheckDispatchOutputs(runtime, use_fp8, num_tokens, out_x, out_scales));
-  return LaunchError(kDispatch, cuda::LaunchLlDispatch(
-                                    runtime.ll_context(), x.untyped_data(), topk_idx.typed_data(),
-                                    static_cast<int>(num_tokens), use_fp8,
-                                    num_invalid->typed_data(), out_x->untyped_data(),
-                                    use_fp8 ? out_scales->typed_data() : nullptr,
-                                    out_count->typed_data(), out_recv_src->typed_data(), stream));
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchOutputs(runtime, use_fp8, num_tokens, out_x, out_scales,
+                                              out_count, out_recv_src));
+  const bool with_weights = topk_weights.dimensions()[1] != 0;
+  const cuda::EpDims& d = runtime.dims();
+  if ((with_weights && (topk_weights.dimensions()[0] != num_tokens ||
+                        topk_weights.dimensions()[1] != d.num_topk)) ||
+      out_weights->dimensions()[0] != d.experts_per_rank ||
+      out_weights->dimensions()[1] != (with_weights ? RowsPerExpert(d) : 0)) {
+    return Invalid(kDispatch, "topk_weights must be [tokens, K] and weights [E_local, R*T_ll] "
+                              "(or both absent)");
+  }
+  cuda::LlDispatchArgs args{};
+  args.x = x.untyped_data();
+  args.topk_idx = topk_idx.typed_data();
+  args.topk_weights = with_weights ? topk_weights.typed_data() : nullptr;
+  args.num_tokens = static_cast<int>(num_tokens);
+  args.use_fp8 = use_fp8;
+  args.num_invalid = num_invalid->typed_data();
+  args.out_x = out_x->untyped_data();
+  args.out_scales = use_fp8 ? out_scales->typed_data() : nullptr;
+  args.out_count = out_count->typed_data();
+  args.out_recv_src = out_recv_src->typed_data();
+  args.out_weights = with_weights ? out_weights->typed_data() : nullptr;
+  return LaunchError(kDispatch, cuda::LaunchLlDispatch(runtime.ll_context(), args,
+                                                       cuda::LlParts::kBoth, stream));
 }
 
-ffi::Error LlCombineImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
-                         int64_t num_experts, int64_t hidden, int64_t max_tokens,
-                         int64_t num_topk, ffi::AnyBuffer y, S32Matrix recv_src, S32Vector count,
+ffi::Error LlCombineImpl(cudaStream_t stream, int32_t device, CallConfig config, ffi::AnyBuffer y,
+                         F32Matrix row_values, S32Matrix recv_src, S32Vector count,
                          S32Matrix topk_idx, F32Matrix topk_weights,
-                         ffi::Result<ffi::AnyBuffer> out) {
+                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<F32Matrix> pair_values) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
+  const cuda::EpDims& d = runtime.dims();
   const int64_t num_tokens = topk_idx.dimensions()[0];
-  JAX_EP_RETURN_IF_ERROR(CheckCombineInputs(runtime, num_tokens, y, recv_src, count));
-  JAX_EP_RETURN_IF_ERROR(CheckCombineOutputs(runtime, topk_idx, topk_weights, out));
-  return LaunchError(kCombine, cuda::LaunchLlCombine(
-                                   runtime.ll_context(), y.untyped_data(), recv_src.typed_data(),
-                                   count.typed_data(), topk_idx.typed_data(),
-                                   topk_weights.typed_data(), static_cast<int>(num_tokens),
-                                   out->untyped_data(), stream));
+  JAX_EP_RETURN_IF_ERROR(CheckHandle(runtime, num_tokens, recv_src, count));
+  JAX_EP_RETURN_IF_ERROR(CheckRouting(runtime, topk_idx, topk_weights));
+  auto with_rows = CheckCombineRows(runtime, y, /*optional=*/true);
+  if (with_rows.has_error()) return with_rows.error();
+  JAX_EP_RETURN_IF_ERROR(CheckCombineOutput(runtime, num_tokens, out, *with_rows));
+  const bool with_values = row_values.dimensions()[1] != 0;
+  if (row_values.dimensions()[0] != d.experts_per_rank ||
+      (with_values && row_values.dimensions()[1] != RowsPerExpert(d)) ||
+      pair_values->dimensions()[0] != num_tokens ||
+      pair_values->dimensions()[1] != (with_values ? d.num_topk : 0) ||
+      (!*with_rows && !with_values)) {
+    return Invalid(kCombine, "row_values must be [E_local, R*T_ll] and pair_values [tokens, K] "
+                             "(or both absent, with rows)");
+  }
+  cuda::LlCombineArgs args{};
+  args.y = *with_rows ? y.untyped_data() : nullptr;
+  args.row_values = with_values ? row_values.typed_data() : nullptr;
+  args.recv_src = recv_src.typed_data();
+  args.count = count.typed_data();
+  args.topk_idx = topk_idx.typed_data();
+  args.topk_weights = topk_weights.typed_data();
+  args.num_tokens = static_cast<int>(num_tokens);
+  args.out = *with_rows ? out->untyped_data() : nullptr;
+  args.out_pair_values = with_values ? pair_values->typed_data() : nullptr;
+  return LaunchError(kCombine, cuda::LaunchLlCombine(runtime.ll_context(), args,
+                                                     cuda::LlParts::kBoth, stream));
 }
 
 // ---- split ops (overlap): the send hands a ticket to its recv.
-ffi::Error LlDispatchSendImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
-                              int64_t num_experts, int64_t hidden, int64_t max_tokens,
-                              int64_t num_topk, bool use_fp8, ffi::AnyBuffer x,
-                              S32Matrix topk_idx, ffi::Result<S32Scalar> num_invalid,
-                              ffi::Result<S32Scalar> ticket) {
+ffi::Error LlDispatchSendImpl(cudaStream_t stream, int32_t device, CallConfig config,
+                              bool use_fp8, ffi::AnyBuffer x, S32Matrix topk_idx,
+                              ffi::Result<S32Scalar> num_invalid, ffi::Result<S32Scalar> ticket) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
   JAX_EP_RETURN_IF_ERROR(CheckDispatchInputs(runtime, use_fp8, x, topk_idx));
-  return LaunchError(kDispatch, cuda::LaunchLlDispatchSend(
-                                    runtime.ll_context(), x.untyped_data(), topk_idx.typed_data(),
-                                    static_cast<int>(x.dimensions()[0]), use_fp8,
-                                    num_invalid->typed_data(), Ticket(ticket), stream));
+  cuda::LlDispatchArgs args{};
+  args.x = x.untyped_data();
+  args.topk_idx = topk_idx.typed_data();
+  args.num_tokens = static_cast<int>(x.dimensions()[0]);
+  args.use_fp8 = use_fp8;
+  args.num_invalid = num_invalid->typed_data();
+  args.ticket_out = Ticket(ticket);
+  return LaunchError(kDispatch, cuda::LaunchLlDispatch(runtime.ll_context(), args,
+                                                       cuda::LlParts::kSend, stream));
 }
 
-ffi::Error LlDispatchRecvImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
-                              int64_t num_experts, int64_t hidden, int64_t max_tokens,
-                              int64_t num_topk, bool use_fp8, int64_t num_tokens,
-                              S32Scalar ticket, ffi::Result<ffi::AnyBuffer> out_x,
-                              ffi::Result<F32Rank3> out_scales, ffi::Result<S32Vector> out_count,
+ffi::Error LlDispatchRecvImpl(cudaStream_t stream, int32_t device, CallConfig config,
+                              bool use_fp8, int64_t num_tokens, S32Scalar ticket,
+                              ffi::Result<ffi::AnyBuffer> out_x, ffi::Result<F32Rank3> out_scales,
+                              ffi::Result<S32Vector> out_count,
                               ffi::Result<S32Matrix> out_recv_src) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
-  JAX_EP_RETURN_IF_ERROR(CheckDispatchOutputs(runtime, use_fp8, num_tokens, out_x, out_scales));
-  return LaunchError(kDispatch, cuda::LaunchLlDispatchRecv(
-                                    runtime.ll_context(), Ticket(ticket),
-                                    static_cast<int>(num_tokens), use_fp8, out_x->untyped_data(),
-                                    use_fp8 ? out_scales->typed_data() : nullptr,
-                                    out_count->typed_data(), out_recv_src->typed_data(), stream));
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchOutputs(runtime, use_fp8, num_tokens, out_x, out_scales,
+                                              out_count, out_recv_src));
+  cuda::LlDispatchArgs args{};
+  args.num_tokens = static_cast<int>(num_tokens);
+  args.use_fp8 = use_fp8;
+  args.ticket_in = Ticket(ticket);
+  args.out_x = out_x->untyped_data();
+  args.out_scales = use_fp8 ? out_scales->typed_data() : nullptr;
+  args.out_count = out_count->typed_data();
+  args.out_recv_src = out_recv_src->typed_data();
+  return LaunchError(kDispatch, cuda::LaunchLlDispatch(runtime.ll_context(), args,
+                                                       cuda::LlParts::kRecv, stream));
 }
 
-ffi::Error LlCombineSendImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
-                             int64_t num_experts, int64_t hidden, int64_t max_tokens,
-                             int64_t num_topk, int64_t num_tokens, ffi::AnyBuffer y,
-                             S32Matrix recv_src, S32Vector count, ffi::Result<S32Scalar> ticket) {
+ffi::Error LlCombineSendImpl(cudaStream_t stream, int32_t device, CallConfig config,
+                             int64_t num_tokens, ffi::AnyBuffer y, S32Matrix recv_src,
+                             S32Vector count, ffi::Result<S32Scalar> ticket) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
-  JAX_EP_RETURN_IF_ERROR(CheckCombineInputs(runtime, num_tokens, y, recv_src, count));
-  return LaunchError(kCombine, cuda::LaunchLlCombineSend(
-                                   runtime.ll_context(), y.untyped_data(), recv_src.typed_data(),
-                                   count.typed_data(), static_cast<int>(num_tokens),
-                                   Ticket(ticket), stream));
+  JAX_EP_RETURN_IF_ERROR(CheckHandle(runtime, num_tokens, recv_src, count));
+  auto with_rows = CheckCombineRows(runtime, y, /*optional=*/false);
+  if (with_rows.has_error()) return with_rows.error();
+  cuda::LlCombineArgs args{};
+  args.y = y.untyped_data();
+  args.recv_src = recv_src.typed_data();
+  args.count = count.typed_data();
+  args.num_tokens = static_cast<int>(num_tokens);
+  args.ticket_out = Ticket(ticket);
+  return LaunchError(kCombine, cuda::LaunchLlCombine(runtime.ll_context(), args,
+                                                     cuda::LlParts::kSend, stream));
 }
 
-ffi::Error LlCombineRecvImpl(cudaStream_t stream, int32_t device, int64_t num_ranks,
-                             int64_t num_experts, int64_t hidden, int64_t max_tokens,
-                             int64_t num_topk, S32Scalar ticket, S32Matrix topk_idx,
-                             F32Matrix topk_weights, ffi::Result<ffi::AnyBuffer> out) {
+ffi::Error LlCombineRecvImpl(cudaStream_t stream, int32_t device, CallConfig config,
+                             S32Scalar ticket, S32Matrix topk_idx, F32Matrix topk_weights,
+                             ffi::Result<ffi::AnyBuffer> out) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
-  JAX_EP_RETURN_IF_ERROR(CheckCombineOutputs(runtime, topk_idx, topk_weights, out));
-  return LaunchError(kCombine, cuda::LaunchLlCombineRecv(
-                                   runtime.ll_context(), Ticket(ticket), topk_idx.typed_data(),
-                                   topk_weights.typed_data(),
-                                   static_cast<int>(topk_idx.dimensions()[0]),
-                                   out->untyped_data(), stream));
+  JAX_EP_RETURN_IF_ERROR(CheckRouting(runtime, topk_idx, topk_weights));
+  const int64_t num_tokens = topk_idx.dimensions()[0];
+  JAX_EP_RETURN_IF_ERROR(CheckCombineOutput(runtime, num_tokens, out, /*with_rows=*/true));
+  cuda::LlCombineArgs args{};
+  args.topk_idx = topk_idx.typed_data();
+  args.topk_weights = topk_weights.typed_data();
+  args.num_tokens = static_cast<int>(num_tokens);
+  args.ticket_in = Ticket(ticket);
+  args.out = out->untyped_data();
+  return LaunchError(kCombine, cuda::LaunchLlCombine(runtime.ll_context(), args,
+                                                     cuda::LlParts::kRecv, stream));
 }
 
 }  // namespace
@@ -240,26 +304,31 @@ ffi::Error LlCombineRecvImpl(cudaStream_t stream, int32_t device, int64_t num_ra
 #define JAX_EP_LL_BIND                                          \
   ffi::Ffi::Bind()                                              \
       .Ctx<ffi::PlatformStream<cudaStream_t>>()                 \
-      .Ctx<ffi::DeviceOrdinal>() JAX_EP_DIMS_ATTRS
+      .Ctx<ffi::DeviceOrdinal>()                                \
+      .Attr<CallConfig>("config")
 
 XLA_FFI_DEFINE_HANDLER(kLlDispatch, LlDispatchImpl,
                        JAX_EP_LL_BIND.Attr<bool>("use_fp8")
                            .Arg<ffi::AnyBuffer>()
                            .Arg<S32Matrix>()
+                           .Arg<F32Matrix>()
                            .Ret<ffi::AnyBuffer>()
                            .Ret<F32Rank3>()
                            .Ret<S32Vector>()
                            .Ret<S32Matrix>()
+                           .Ret<F32Matrix>()
                            .Ret<S32Scalar>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER(kLlCombine, LlCombineImpl,
                        JAX_EP_LL_BIND.Arg<ffi::AnyBuffer>()
+                           .Arg<F32Matrix>()
                            .Arg<S32Matrix>()
                            .Arg<S32Vector>()
                            .Arg<S32Matrix>()
                            .Arg<F32Matrix>()
-                           .Ret<ffi::AnyBuffer>(),
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<F32Matrix>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER(kLlDispatchSend, LlDispatchSendImpl,
