@@ -2,6 +2,8 @@
 the expected attributes, side effects and operand order; plus the buffer sizing
 formula against the CUDA extension where it was built."""
 
+import dataclasses
+import logging
 import re
 
 import jax
@@ -15,6 +17,7 @@ from jax_ep import _extension
 from jax_ep.runtime import lowering_only
 
 CONFIG = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=8, num_topk=4)
+ALLOW = dataclasses.replace(CONFIG, fallback="allow")  # lowerings that take the portable path
 
 
 def _lower_for_cuda(fn, *shapes, config=CONFIG):
@@ -34,7 +37,7 @@ def _targets(calls: list[str]) -> list[str]:
 
 
 def _attr(line: str, name: str) -> str:
-  match = re.search(rf"{name} = ([^,}}]+)", line)
+  match = re.search(rf"\b{name} = ([^,}}]+)", line)
   assert match, f"attribute {name} missing in {line}"
   return match.group(1).strip()
 
@@ -53,20 +56,26 @@ def test_low_latency_ops_lower_to_the_cuda_targets(use_fp8):
   assert targets == ["jax_ep_ll_dispatch", "jax_ep_ll_combine"], targets
   for call in calls:
     assert "has_side_effect = true" in call
+    # The traced config: one struct attribute.
+    assert re.search(r"config = \{[^}]*\}", call), call
     assert _attr(call, "num_experts") == "16 : i64"
     assert _attr(call, "hidden") == "256 : i64"
     assert _attr(call, "max_tokens") == "8 : i64"
+    assert _attr(call, "ll_max_tokens") == "8 : i64"
     assert _attr(call, "num_topk") == "4 : i64"
     assert _attr(call, "num_ranks") == "2 : i64"
   assert _attr(calls[0], "use_fp8") == ("true" if use_fp8 else "false")
-  # The dispatch's results: x [E_local, R*T, H], scales, count, recv_src, num_invalid.
+  # The dispatch's operands (x, topk_idx, no weights) and results: x [E_local,
+  # R*T_ll, H], scales, count, recv_src, no pair weights, num_invalid.
   x_type = "f8E4M3FN" if use_fp8 else "bf16"
   scales = "tensor<8x16x2xf32>" if use_fp8 else "tensor<8x16x0xf32>"
+  assert "(tensor<8x256xbf16>, tensor<8x4xi32>, tensor<8x0xf32>) ->" in calls[0], calls[0]
   assert f"-> (tensor<8x16x256x{x_type}>, {scales}, tensor<8xi32>, tensor<8x16xi32>, " \
-         "tensor<i32>)" in calls[0], calls[0]
-  # The combine's operands: rows, recv_src, count, topk_idx, topk_weights.
-  assert ("(tensor<8x16x256xbf16>, tensor<8x16xi32>, tensor<8xi32>, tensor<8x4xi32>, "
-          "tensor<8x4xf32>) -> tensor<8x256xbf16>") in calls[1], calls[1]
+         "tensor<8x0xf32>, tensor<i32>)" in calls[0], calls[0]
+  # The combine's operands: rows, no row values, recv_src, count, topk_idx, topk_weights.
+  assert ("(tensor<8x16x256xbf16>, tensor<8x0xf32>, tensor<8x16xi32>, tensor<8xi32>, "
+          "tensor<8x4xi32>, tensor<8x4xf32>) -> (tensor<8x256xbf16>, tensor<8x0xf32>)"
+          ) in calls[1], calls[1]
   # No CPU handler and no collective sneaks into the CUDA lowering of these ops.
   assert "jax_ep_cpu_" not in text and "all_to_all" not in text
 
@@ -140,7 +149,8 @@ def test_high_throughput_dispatch_past_the_kernels_token_limit_takes_the_portabl
   from jax_ep.backends import cuda as cuda_backend  # pylint: disable=import-outside-toplevel
 
   assert cuda_backend.HT_MAX_TOKENS == 65536
-  big = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=tokens, num_topk=4)
+  big = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=tokens, num_topk=4,
+                        fallback="allow")
 
   def fn(x, idx, w):
     d = jax_ep.dispatch(x, idx, w, config=big, capacity=64)
@@ -157,13 +167,13 @@ def test_high_throughput_dispatch_past_the_kernels_token_limit_takes_the_portabl
 
 
 def test_portable_payloads_stay_portable_on_cuda():
-  """float32 rows have no kernel: the CUDA backend runs the portable path (jnp + all_to_all)."""
+  """float32 rows have no LL kernel: the CUDA backend runs the portable path (jnp + all_to_all)."""
   def fn(x, idx, w):
-    d = jax_ep.low_latency_dispatch(x, idx, config=CONFIG)
-    return jax_ep.low_latency_combine(d.x, idx, w, d.handle, config=CONFIG)
+    d = jax_ep.low_latency_dispatch(x, idx, config=ALLOW)
+    return jax_ep.low_latency_combine(d.x, idx, w, d.handle, config=ALLOW)
 
   text = _lower_for_cuda(fn, ((16, 256), jnp.float32), ((16, 4), jnp.int32),
-                         ((16, 4), jnp.float32))
+                         ((16, 4), jnp.float32), config=ALLOW)
   assert "all_to_all" in text and "jax_ep_ll_" not in text and "jax_ep_cpu_" not in text
 
 
@@ -174,7 +184,8 @@ def test_low_latency_dispatch_past_the_kernels_routing_limit_takes_the_portable_
   kernel (the handle is the same either way)."""
   from jax_ep.backends import cuda as cuda_backend  # pylint: disable=import-outside-toplevel
 
-  big = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=7000, num_topk=8)
+  big = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=7000, num_topk=8,
+                        low_latency_max_tokens_per_rank=7000, fallback="allow")
   assert not cuda_backend.ll_routing_fits(7000, big)
   assert cuda_backend.ll_routing_fits(6000, big)
 
@@ -206,10 +217,11 @@ def test_buffer_bytes_formula():
   if module is None:
     pytest.skip(f"CUDA extension not built: {_extension.cuda_module_status()}")
   for cfg in (config, jax_ep.EpConfig(num_experts=32, hidden=512, max_tokens_per_rank=64,
-                                      num_topk=4)):
+                                      num_topk=4),
+              jax_ep.EpConfig(num_experts=64, hidden=1024, max_tokens_per_rank=4096, num_topk=8)):
     for rdma in (False, True):
       layout = module.buffer_layout(4, cfg.num_experts, cfg.hidden, cfg.max_tokens_per_rank,
-                                    cfg.num_topk, cfg.enable_low_latency,
+                                    cfg.ll_max_tokens, cfg.num_topk, cfg.enable_low_latency,
                                     cfg.enable_high_throughput, rdma)
       assert layout["total"] == jax_ep.buffer_bytes(cfg, 4, rdma_staging=rdma)
 
@@ -218,10 +230,196 @@ def test_split_ops_with_portable_payloads_lower_on_cuda():
   """float32 rows through the split LL ops take the portable path end to end."""
   def fn(x, idx, w):
     d = jax_ep.low_latency_dispatch_recv(
-        jax_ep.low_latency_dispatch_send(x, idx, config=CONFIG), config=CONFIG)
-    sent = jax_ep.low_latency_combine_send(d.x, d.handle, config=CONFIG)
-    return jax_ep.low_latency_combine_recv(sent, idx, w, config=CONFIG)
+        jax_ep.low_latency_dispatch_send(x, idx, config=ALLOW), config=ALLOW)
+    sent = jax_ep.low_latency_combine_send(d.x, d.handle, config=ALLOW)
+    return jax_ep.low_latency_combine_recv(sent, idx, w, config=ALLOW)
 
   text = _lower_for_cuda(fn, ((16, 256), jnp.float32), ((16, 4), jnp.int32),
-                         ((16, 4), jnp.float32))
+                         ((16, 4), jnp.float32), config=ALLOW)
   assert "all_to_all" in text and "jax_ep_ll_" not in text
+
+
+# ------------------------------------------------------------------ no silent fallback
+def _ht_pair(config):
+  def fn(x, idx, w):
+    d = jax_ep.dispatch(x, idx, w, config=config)
+    return jax_ep.combine(d.x, d.handle, config=config)
+  return fn
+
+
+def _ll_pair(config):
+  def fn(x, idx, w):
+    d = jax_ep.low_latency_dispatch(x, idx, config=config)
+    return jax_ep.low_latency_combine(d.x, idx, w, d.handle, config=config)
+  return fn
+
+
+# Each reason the CUDA backend takes the portable path: (config kwargs, op pair, x dtype,
+# the reason's words in the error).
+FALLBACK_CASES = {
+    "ll_float32_rows": (dict(), _ll_pair, jnp.float32, "rows of dtype float32"),
+    "ll_float16_rows": (dict(), _ll_pair, jnp.float16, "rows of dtype float16"),
+    "ht_topk_over_32": (dict(num_experts=64, num_topk=33), _ht_pair, jnp.bfloat16,
+                        "num_topk=33 > 32"),
+    "ll_topk_over_32": (dict(num_experts=64, num_topk=33), _ll_pair, jnp.bfloat16,
+                        "num_topk=33 > 32"),
+    "ht_hidden_not_16_bytes": (dict(hidden=260), _ht_pair, jnp.bfloat16,
+                               "hidden=260 is not a multiple of 8"),
+    "ll_hidden_not_16_bytes": (dict(hidden=260), _ll_pair, jnp.bfloat16,
+                               "hidden=260 is not a multiple of 8"),
+    "ht_disabled": (dict(enable_high_throughput=False), _ht_pair, jnp.bfloat16,
+                    "enable_high_throughput=False"),
+    "ht_experts_per_rank_over_1024": (dict(num_experts=4096), _ht_pair, jnp.bfloat16,
+                                      "2048 experts per rank > 1024"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FALLBACK_CASES))
+def test_fallback_error_raises_at_trace_time_for_each_reason(case):
+  kwargs, pair, dtype, reason = FALLBACK_CASES[case]
+  config = jax_ep.EpConfig(**{**dict(num_experts=16, hidden=256, max_tokens_per_rank=8,
+                                     num_topk=4), **kwargs}, fallback="error")
+  k, h = config.num_topk, config.hidden
+  with pytest.raises(jax_ep.EpConfigError, match=re.escape(reason)):
+    _lower_for_cuda(pair(config), ((16, h), dtype), ((16, k), jnp.int32), ((16, k), jnp.float32),
+                    config=config)
+  # The same call with fallback="allow" lowers to the portable exchange.
+  allowed = dataclasses.replace(config, fallback="allow")
+  text = _lower_for_cuda(pair(allowed), ((16, h), dtype), ((16, k), jnp.int32),
+                         ((16, k), jnp.float32), config=allowed)
+  assert "all_to_all" in text
+
+
+@pytest.mark.parametrize("case", ["ht_tokens", "ll_routing"])
+def test_fallback_error_raises_for_the_size_limits(case):
+  if case == "ht_tokens":
+    config = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=65537, num_topk=4,
+                             fallback="error")
+    fn, tokens, reason = _ht_pair(config), 65537, "65537 tokens per rank > 65536"
+  else:
+    config = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=7000, num_topk=8,
+                             low_latency_max_tokens_per_rank=7000, fallback="error")
+    fn, tokens, reason = _ll_pair(config), 7000, "routing table"
+  k = config.num_topk
+  with pytest.raises(jax_ep.EpConfigError, match=re.escape(reason)):
+    _lower_for_cuda(fn, ((2 * tokens, 256), jnp.bfloat16), ((2 * tokens, k), jnp.int32),
+                    ((2 * tokens, k), jnp.float32), config=config)
+
+
+def test_more_ranks_than_the_ht_kernels_serve_is_a_stated_reason():
+  from jax_ep.backends import cuda as cuda_backend  # pylint: disable=import-outside-toplevel
+  config = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=8, num_topk=4)
+  reason, fix = cuda_backend.ht_unsupported(config, 16)
+  assert "16 EP ranks" in reason and "at most 8" in fix
+  assert cuda_backend.ht_unsupported(config, 8) is None
+
+
+def test_fallback_warns_once_per_op_and_reason(caplog):
+  from jax_ep.backends import cuda as cuda_backend  # pylint: disable=import-outside-toplevel
+  config = dataclasses.replace(CONFIG, hidden=260)
+  cuda_backend._announced.clear()  # pylint: disable=protected-access
+  with caplog.at_level(logging.WARNING):
+    for _ in range(2):
+      jax.clear_caches()
+      _lower_for_cuda(_ll_pair(config), ((16, 260), jnp.bfloat16), ((16, 4), jnp.int32),
+                      ((16, 4), jnp.float32), config=config)
+  warnings = [r.getMessage() for r in caplog.records if "portable path" in r.getMessage()]
+  # One per op (dispatch, combine), naming the reason and the fix, each once.
+  assert len(warnings) == 2, warnings
+  assert all("hidden=260" in w and "pad hidden" in w for w in warnings), warnings
+
+
+def test_low_latency_ops_without_their_buffers_raise_at_trace_time():
+  config = dataclasses.replace(CONFIG, enable_low_latency=False)
+  with pytest.raises(jax_ep.EpConfigError, match="enable_low_latency=False"):
+    _lower_for_cuda(_ll_pair(config), ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
+                    ((16, 4), jnp.float32), config=config)
+
+
+def _targets_and_text(fn, config, x_dtype=jnp.bfloat16, num_ranks=2):
+  mesh = jax.make_mesh((num_ranks,), ("ep",), devices=jax.devices()[:num_ranks])
+  t, k, h = config.max_tokens_per_rank, config.num_topk, config.hidden
+  shapes = (((num_ranks * t, h), x_dtype), ((num_ranks * t, k), jnp.int32),
+            ((num_ranks * t, k), jnp.float32))
+  args = [jax.ShapeDtypeStruct(s, d, sharding=NamedSharding(mesh, P("ep"))) for s, d in shapes]
+  with lowering_only(config, mesh, backend="cuda"):
+    mapped = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
+    text = mapped.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  return _targets(_custom_calls(text)), text
+
+
+def test_float32_combine_and_its_gradient_run_only_jax_ep_kernels():
+  """The mixed-precision case: bf16 rows dispatched, float32 expert outputs combined,
+  gradients of x and topk_weights: every exchange is a jax_ep kernel (no all_to_all,
+  no all_gather, no CPU handler)."""
+  config = dataclasses.replace(CONFIG, fallback="error")
+
+  def fn(x, idx, w):
+    def loss(x, w):
+      d = jax_ep.dispatch(x, idx, w, config=config)
+      y = d.x.astype(jnp.float32) * jnp.sum(d.topk_weights, axis=1, keepdims=True)
+      out = jax_ep.combine(y, d.handle, config=config)
+      assert out.dtype == jnp.float32
+      return jnp.sum(out * out)
+    return jax.grad(loss, argnums=(0, 1))(x, w)
+
+  targets, text = _targets_and_text(fn, config)
+  assert set(targets) == {"jax_ep_ht_dispatch", "jax_ep_ht_combine"}, targets
+  for word in ("all_to_all", "all_gather", "all_reduce", "jax_ep_cpu_"):
+    assert word not in text, word
+  # The float32 combine's row type and width reach the kernel as is.
+  combines = [c for c in _custom_calls(text) if "@jax_ep_ht_combine" in c]
+  assert any("tensor<16x256xf32>" in c for c in combines), combines
+
+
+@pytest.mark.parametrize("num_topk", [1, 2])
+def test_combine_backward_with_more_ranks_than_topk_runs_on_the_kernel(num_topk):
+  """R = 4 > K: the cached routing lists each token's kept ranks in its K entries."""
+  config = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=8,
+                           num_topk=num_topk, fallback="error", debug_checks=False)
+
+  def fn(x, idx, w):
+    def loss(x):
+      d = jax_ep.dispatch(x, idx, w, config=config)
+      return jnp.sum(jax_ep.combine(d.x, d.handle, config=config).astype(jnp.float32) ** 2)
+    return jax.grad(loss)(x)
+
+  targets, text = _targets_and_text(fn, config, num_ranks=4)
+  assert sorted(targets) == ["jax_ep_ht_combine", "jax_ep_ht_combine", "jax_ep_ht_dispatch",
+                             "jax_ep_ht_dispatch"], targets
+  assert "all_to_all" not in text
+
+
+def test_low_latency_backward_runs_on_the_kernels():
+  """LL combine's backward: one weighted dispatch (the pair weights ride in the
+  headers) and one values-only combine; the dispatch's backward: one combine."""
+  config = dataclasses.replace(CONFIG, fallback="error")
+
+  def fn(x, idx, w):
+    def loss(x, w):
+      d = jax_ep.low_latency_dispatch(x, idx, config=config)
+      y = jnp.tanh(d.x.astype(jnp.float32)).astype(jnp.bfloat16)
+      out = jax_ep.low_latency_combine(y, idx, w, d.handle, config=config)
+      return jnp.sum(out.astype(jnp.float32) ** 2)
+    return jax.grad(loss, argnums=(0, 1))(x, w)
+
+  targets, text = _targets_and_text(fn, config)
+  assert sorted(targets) == ["jax_ep_ll_combine", "jax_ep_ll_combine", "jax_ep_ll_combine",
+                             "jax_ep_ll_dispatch", "jax_ep_ll_dispatch"], targets
+  for word in ("all_to_all", "all_gather", "jax_ep_cpu_"):
+    assert word not in text, word
+  calls = _custom_calls(text)
+  weighted = [c for c in calls if "@jax_ep_ll_dispatch" in c and "tensor<8x4xf32>) ->" in c]
+  assert len(weighted) == 1, calls  # the backward's dispatch carries the weights
+  values_only = [c for c in calls if "@jax_ep_ll_combine" in c and "x0xbf16>" in c]
+  assert len(values_only) == 1, calls  # and one combine returns values, no rows
+
+
+def test_default_memory_of_the_readme_config():
+  """DeepEP's HT setting (T=4096, H=7168, E=256, K=8): both families fit in 4 GiB per
+  GPU at R=8 because the LL buffers have their own token cap (128)."""
+  config = jax_ep.EpConfig(num_experts=256, hidden=7168, max_tokens_per_rank=4096, num_topk=8)
+  for num_ranks in (2, 8):
+    assert jax_ep.buffer_bytes(config, num_ranks) <= 4 * 2**30
+  families = jax_ep.buffers.buffer_bytes_by_family(config, 8)
+  assert families["low_latency"] < 2 * 2**30 and families["high_throughput"] < 1.5 * 2**30
