@@ -27,8 +27,18 @@ def wheel_directory() -> str | None:
   return list(spec.submodule_search_locations)[0]
 
 
+# Another NVSHMEM host library to load instead of the wheel's (the build must
+# use the same version: e.g. a newer NVSHMEM for the per-QP RDMA API,
+# tools/nvshmem_qp_bundle.sh).
+HOST_LIB_ENV = "JAX_EP_NVSHMEM_HOST_LIB"
+
+
 def library_path() -> str | None:
-  """Path of the wheel's libnvshmem_host.so.3, or None."""
+  """Path of the NVSHMEM host library: $JAX_EP_NVSHMEM_HOST_LIB, else the
+  wheel's libnvshmem_host.so.3, or None."""
+  override = os.environ.get(HOST_LIB_ENV)
+  if override:
+    return override if os.path.exists(override) else None
   directory = wheel_directory()
   if directory is None:
     return None
@@ -41,6 +51,8 @@ def preload() -> str:
   """Loads the library globally; returns '' on success, else the reason."""
   path = library_path()
   if path is None:
+    if os.environ.get(HOST_LIB_ENV):
+      return f"{HOST_LIB_ENV}={os.environ[HOST_LIB_ENV]} does not exist"
     return f"the nvidia-nvshmem-cu13 wheel ({LIBRARY_NAME}) is not installed"
   try:
     ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)

@@ -186,5 +186,12 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
                sum(families.values()) / 2**30, rank, num_ranks, sizes,
                ", with RDMA staging" if rdma_staging else "")
   module.set_mask_on_timeout(bool(config.mask_on_timeout))
+  if config.mask_on_timeout and num_ranks > 1 and not jax.config.jax_enable_recoverability:
+    logging.warning(
+        "jax_ep: mask_on_timeout keeps serving after an EP rank is lost, but JAX's coordination "
+        "service aborts every process about heartbeat_timeout_seconds (default 100 s) after one "
+        "dies unless recoverability is on: set JAX_ENABLE_RECOVERABILITY=1 (or "
+        "jax.config.update('jax_enable_recoverability', True)) before jax.distributed."
+        "initialize (docs/reliability.md)")
   return CudaRuntime(module=module, config=config, num_ranks=num_ranks, rank=rank,
                      rdma_staging=rdma_staging, backend=CudaBackend())

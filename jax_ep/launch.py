@@ -52,6 +52,10 @@ flags.DEFINE_string("devices", None, "comma-separated GPU ordinals (default 0..N
                     flag_values=_FLAGS)
 flags.DEFINE_float("kill_grace_s", 10.0, "seconds between SIGTERM and SIGKILL when stopping "
                    "the other processes after a failure", flag_values=_FLAGS)
+flags.DEFINE_bool("keep_going", False, "when a process fails, let the others run to their end "
+                  "instead of stopping them (fault tests: the survivors of a killed rank must "
+                  "exit by themselves); the exit status is still the first failure's",
+                  flag_values=_FLAGS)
 
 _VALUE_FLAGS = {"-n", "--num_processes", "--port", "--devices", "--kill_grace_s"}
 
@@ -124,8 +128,13 @@ def child_env(rank: int, num_processes: int, coordinator: str, device: int) -> d
 
 
 def run(command: list[str], num_processes: int, port: int = 0,
-        devices: Sequence[int] | None = None, kill_grace_s: float = 10.0) -> int:
-  """Starts the processes and waits; returns the exit status (first failure wins)."""
+        devices: Sequence[int] | None = None, kill_grace_s: float = 10.0,
+        keep_going: bool = False) -> int:
+  """Starts the processes and waits; returns the exit status (first failure wins).
+
+  A failing process stops the others (SIGTERM, then SIGKILL after
+  kill_grace_s) unless keep_going, which waits for every process to end.
+  """
   devices = list(devices) if devices is not None else list(range(num_processes))
   if len(devices) != num_processes:
     raise ValueError(f"{num_processes} processes need {num_processes} devices, got {devices}")
@@ -160,6 +169,16 @@ def run(command: list[str], num_processes: int, port: int = 0,
     while True:
       codes = [p.poll() for p in procs]
       failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+      if failed and keep_going:
+        if status == 0:
+          rank, status = failed[0]
+          with lock:
+            print(f"[jax_ep.launch] rank {rank} exited with status {status}; the others keep "
+                  "going (--keep_going)", flush=True)
+        if all(c is not None for c in codes):
+          break
+        time.sleep(0.1)
+        continue
       if failed:
         rank, status = failed[0]
         with lock:
@@ -191,7 +210,8 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError("usage: python -m jax_ep.launch -n N (script.py | -m module) [args...]")
   devices = ([int(d) for d in _FLAGS.devices.split(",")] if _FLAGS.devices else None)
   logging.info("launching %d processes: %s", _FLAGS.num_processes, " ".join(command))
-  sys.exit(run(command, _FLAGS.num_processes, _FLAGS.port, devices, _FLAGS.kill_grace_s))
+  sys.exit(run(command, _FLAGS.num_processes, _FLAGS.port, devices, _FLAGS.kill_grace_s,
+               _FLAGS.keep_going))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,28 @@
 #!/usr/bin/env bash
-# One command for the GPU machine (2x H200): build in place, run the GPU tests
-# with XLA command buffers on (default) and off, run the benchmarks, print a
-# short table last. Logs and JSON go to $OUT (default /tmp/jax_ep_gpu_check):
-# machine.txt, build.log, tests_cmdbuf_{on,off}.log, bench.log, bench_{ll,ht}.json,
-# ht_sweep.png.
+# One command for the GPU machine: build in place, run the GPU tests, run the
+# benchmarks, print a short table last. Logs and JSON go to $OUT (default
+# /tmp/jax_ep_gpu_check).
 #
+#   tools/gpu_check.sh one-gpu [PHASE ...]
+#     ONE GPU shared by N processes (NVSHMEM's limited MPG mode): correctness
+#     only, never speed. PHASEs (default: all of them; qp only when the bundle
+#     .carry/nvshmem-qp.tar.xz was carried):
+#       n2 n4 n8  tests/gpu at N = 2, 4, 8 processes, XLA command buffers on and
+#                 off (the 1000- and 10,000-call tests in the N=2 run with
+#                 command buffers on only)
+#       rdma      every other PE looks reachable only by RDMA
+#                 (JAX_EP_TESTING_RDMA_PEERS=all): the LL suite and the HT ops'
+#                 documented behaviour, at N = 2 and 4
+#       faults    tests/gpu_faults at N = 2, one launcher run per test, the
+#                 killed-process tests with --keep_going and
+#                 JAX_ENABLE_RECOVERABILITY=1
+#       qp        jax_ep rebuilt against the carried NVSHMEM 3.8.0 (per-QP API,
+#                 tools/nvshmem_qp_bundle.sh), then the rdma LL suite at N = 2
+#                 (runs last: it replaces the build)
+#       example   examples/moe_layer.py in one process on the CUDA backend
 #   tools/gpu_check.sh [all|tests|bench|ll|ht|faults|build] [quick]
+#     one process per GPU (2 or more GPUs): machine.txt, build.log,
+#     tests_cmdbuf_{on,off}.log, bench.log, bench_{ll,ht}.json, ht_sweep.png.
 #     ll / ht: that family's tests and benchmark; tests / bench: one half;
 #     faults: only the fault-injection and masking tests; build: only the
 #     build; quick: skip the long repeated-call tests, the HT sweeps and the
@@ -53,6 +70,17 @@ print("build: ok; CUDA extension:", _extension.cuda_module_status(),
 PY
 note "build time: $(( $(date +%s) - start )) s"
 [[ "$WHAT" == build ]] && exit 0
+
+if [[ "$WHAT" == one-gpu ]]; then
+  shift
+  source tools/gpu_check_one_gpu.sh
+  run_one_gpu "$@"
+  note "total time: $(( $(date +%s) - start )) s"
+  echo
+  echo "==================== summary ===================="
+  cat "$SUMMARY"
+  exit $status
+fi
 
 run_tests() {  # $1 = label, $2 = pytest -k expression ("" = all), $3 = test path, rest = env
   local label=$1 filter=$2 path=$3

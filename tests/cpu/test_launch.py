@@ -50,3 +50,16 @@ def test_nvls_cannot_be_turned_on(tmp_path):
   result = subprocess.run(LAUNCH + ["-n", "1", script], capture_output=True, text=True,
                           timeout=60, env=env)
   assert "[rank 0] nvls 1" in result.stdout
+
+
+def test_keep_going_lets_the_survivors_finish(tmp_path):
+  """A rank killed by SIGKILL (a crash) does not take the others down with --keep_going:
+  they run to their own end, and the launcher reports the first failure's status."""
+  script = _script(tmp_path, "import signal\nif rank == 1:\n  os.kill(os.getpid(), signal.SIGKILL)\n"
+                             "time.sleep(3)\nprint('survivor done', rank, flush=True)\n")
+  result = subprocess.run(LAUNCH + ["-n", "3", "--keep_going", "--kill_grace_s=1", script],
+                          capture_output=True, text=True, timeout=60)
+  assert result.returncode == 128 + 9, result.stdout + result.stderr
+  assert "rank 1 exited with status -9" in result.stdout, result.stdout
+  for rank in (0, 2):
+    assert f"[rank {rank}] survivor done {rank}" in result.stdout, result.stdout

@@ -26,12 +26,13 @@ def _executable(op, mesh, *local_args):
   mapped = jax.jit(jax.shard_map(lambda *a: jax.tree.map(lambda o: o[None], op(*a)), mesh=mesh,
                                  in_specs=P("ep"), out_specs=P("ep")))
   args = [global_array(mesh, a) for a in local_args]
-  return lambda: jax.block_until_ready(mapped(*args))
+  return lambda: jax.block_until_ready(mapped(*args))  # one array: the op's result
 
 
-def _skip_one_call(call, expected_op: str) -> None:
+def _skip_one_call(call, expected_op: str, assert_marked) -> None:
   """Both ranks call twice (compile, warm-up, graph capture); then rank 1 skips
-  a call that rank 0 makes, and rank 0's next call must be refused."""
+  a call that rank 0 makes: rank 0's call returns results marked void
+  (`assert_marked`), and its next call must be refused."""
   assert jax_ep.status()["ok"]
   assert jax_ep.status()["fails_next_execution"], "the prepare-stage check is not registered"
   call()
@@ -43,12 +44,14 @@ def _skip_one_call(call, expected_op: str) -> None:
     assert jax_ep.status()["ok"]
   else:
     start = time.perf_counter()
-    call()  # returns once the kernel gives up on rank 1
+    result = call()  # returns once the kernel gives up on rank 1
     elapsed = time.perf_counter() - start
     status = jax_ep.status()
     print(f"time to error: {elapsed:.2f} s (timeout_s={TIMEOUT_S}); status: {status}")
     assert not status["ok"] and status["op"].startswith(expected_op) and status["peer"] == 1
     assert 0.5 * TIMEOUT_S < elapsed < TIMEOUT_S + MARGIN_S
+    # Its results must not look valid: counts that cannot be real.
+    assert_marked(np.asarray(result.addressable_shards[0].data)[0])
     # The next call of the same executable fails before launching anything,
     # also when it would replay a command buffer (prepare-stage check).
     start = time.perf_counter()
@@ -69,7 +72,11 @@ def test_ll_dispatch_skipped_by_a_peer():
   rng = np.random.default_rng(1200 + rank())
   x, idx = rows(rng, (t, h)), routing(rng, t, k, e, none_fraction=0.0)
   op = lambda x, i: jax_ep.low_latency_dispatch(x, i, config=config).count  # noqa: E731
-  _skip_one_call(_executable(op, mesh, x, idx), "low_latency_dispatch")
+
+  def marked(count):
+    assert np.all(count == -1), count
+
+  _skip_one_call(_executable(op, mesh, x, idx), "low_latency_dispatch", marked)
 
 
 def test_ht_dispatch_skipped_by_a_peer():
@@ -80,4 +87,8 @@ def test_ht_dispatch_skipped_by_a_peer():
   x, idx = rows(rng, (t, h)), routing(rng, t, k, e, none_fraction=0.0)
   w = np.ones((t, k), np.float32)
   op = lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).num_tokens  # noqa: E731
-  _skip_one_call(_executable(op, mesh, x, idx, w), "dispatch")
+
+  def marked(num_tokens):
+    assert int(num_tokens) == -1, num_tokens
+
+  _skip_one_call(_executable(op, mesh, x, idx, w), "dispatch", marked)

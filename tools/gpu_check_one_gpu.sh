@@ -1,0 +1,144 @@
+# Sourced by tools/gpu_check.sh one-gpu: the GPU suite with N processes on ONE
+# GPU (NVSHMEM's limited MPG mode: PEs on one GPU are peer-mapped, so the
+# kernels' NVLink code runs). Kernels of different processes take turns on the
+# GPU, so nothing timed here is a speed; waits are longer (the tests' timeout_s
+# comes from JAX_EP_TEST_TIMEOUT_S). XLA collectives cannot run here (NCCL
+# refuses two ranks on one GPU): the tests use host oracles.
+# Uses from gpu_check.sh: PY, OUT, note, status.
+
+ONE_GPU_SUITE_TIMEOUT_S=${ONE_GPU_SUITE_TIMEOUT_S:-240}
+export JAX_EP_TEST_TIMEOUT_S=${JAX_EP_TEST_TIMEOUT_S:-60}
+QP_BUNDLE=.carry/nvshmem-qp.tar.xz
+
+devices_for() {  # N -> "0,0,...,0"
+  local n=$1 list=0 i
+  for ((i = 1; i < n; i++)); do list="$list,0"; done
+  echo "$list"
+}
+
+# $1 label, $2 N, $3 pytest path, $4 -k filter ("" = all), $5 extra launcher flags,
+# rest: environment. Prints one summary line; the log is $OUT/<label>.log.
+one_gpu_run() {
+  local label=$1 n=$2 path=$3 filter=$4 launch_flags=$5
+  shift 5
+  local log="$OUT/$label.log" begin rc line
+  begin=$(date +%s)
+  # shellcheck disable=SC2086
+  env "$@" timeout "$ONE_GPU_SUITE_TIMEOUT_S" "$PY" -m jax_ep.launch -n "$n" \
+      --devices "$(devices_for "$n")" $launch_flags -m pytest "$path" -q -p no:cacheprovider \
+      ${filter:+-k "$filter"} > "$log" 2>&1
+  rc=$?
+  line=$(grep -E "^\[rank 0\] .*[0-9]+ (passed|failed|error|skipped)" "$log" | tail -1)
+  note "$(printf '%-28s N=%d rc=%-3s %4ss  %s' "$label" "$n" "$rc" "$(( $(date +%s) - begin ))" \
+      "${line#\[rank 0\] }")"
+  if [ "$rc" -ne 0 ]; then
+    status=1
+    grep -E "FAILED|Error|error:|Timeout|timed out" "$log" | grep -v "^\[rank [0-9]\] [IW]1" \
+        | head -12
+  fi
+  return "$rc"
+}
+
+one_gpu_suite() {  # N
+  local n=$1 long="not 1000_calls and not 10000_calls" on_filter
+  on_filter=$long
+  [[ "$n" == 2 ]] && on_filter=""  # the long tests once, at N=2 with command buffers on
+  one_gpu_run "suite_n${n}_cmdbuf_on" "$n" tests/gpu "$on_filter" "" XLA_FLAGS="${XLA_FLAGS:-}"
+  one_gpu_run "suite_n${n}_cmdbuf_off" "$n" tests/gpu "$long" "" \
+      XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
+}
+
+one_gpu_rdma() {
+  local n
+  for n in 2 4; do
+    one_gpu_run "rdma_n${n}" "$n" "tests/gpu/test_ll_gpu.py tests/gpu/test_rdma_peers_gpu.py" \
+        "not 1000_calls" "" JAX_EP_TESTING_RDMA_PEERS=all XLA_FLAGS="${XLA_FLAGS:-}"
+  done
+}
+
+one_gpu_faults() {
+  local fault
+  for fault in ll_dispatch_skipped ht_dispatch_skipped masked_rank_is_skipped mask_on_timeout; do
+    one_gpu_run "faults_$fault" 2 tests/gpu_faults "$fault" "" XLA_FLAGS="${XLA_FLAGS:-}"
+    grep -E "^\[rank 0\] (time to error|next call refused|finalize after|first call|then )" \
+        "$OUT/faults_$fault.log" | sed 's/^\[rank 0\] /    /' | tee -a "$SUMMARY"
+  done
+  # The killed rank's launcher status is 137 (SIGKILL): what counts is that the
+  # survivor's pytest passed and every process exited (the launcher returned).
+  local before
+  for fault in killed_peer_mid_call killed_peer_is_masked; do
+    before=$status
+    one_gpu_run "faults_$fault" 2 tests/gpu_faults "$fault" "--keep_going" \
+        JAX_ENABLE_RECOVERABILITY=1 XLA_FLAGS="${XLA_FLAGS:-}"
+    status=$before
+    if grep -qE "^\[rank 0\] .*1 passed" "$OUT/faults_$fault.log" \
+        && grep -q "rank 1 exited with status -9" "$OUT/faults_$fault.log"; then
+      note "    survivor passed, rank 1 killed (-9), every process exited"
+    else
+      note "    FAILED: the survivor did not pass or rank 1 was not killed"
+      status=1
+    fi
+    grep -E "^\[rank 0\] (call with a peer|loop with rank|finalize with)" \
+        "$OUT/faults_$fault.log" | sed 's/^\[rank 0\] /    /' | tee -a "$SUMMARY"
+  done
+}
+
+one_gpu_example() {
+  local log="$OUT/example_ep1.log"
+  timeout 300 "$PY" examples/moe_layer.py > "$log" 2>&1
+  local rc=$?
+  note "example (EP1, one process) rc=$rc: $(grep -E "backend|kernels|OK|MISMATCH" "$log" \
+      | tail -3 | tr '\n' ' ')"
+  [ "$rc" -ne 0 ] && status=1 && tail -20 "$log"
+}
+
+one_gpu_qp() {
+  if [[ ! -f "$QP_BUNDLE" ]]; then
+    note "qp: skipped ($QP_BUNDLE was not carried; tools/nvshmem_qp_bundle.sh makes it)"
+    return
+  fi
+  local dir=/tmp/jax_ep_nvshmem_qp
+  rm -rf "$dir" && mkdir -p "$dir" && tar -C "$dir" -xJf "$QP_BUNDLE"
+  if ! JAX_EP_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps --no-cache-dir \
+        -Cbuild-dir=build/gpu-qp -Ccmake.define.JAX_EP_NVSHMEM_DIR="$dir/nvshmem" -e . \
+        > "$OUT/build_qp.log" 2>&1; then
+    note "qp: build against $(cat "$dir/nvshmem/VERSION") FAILED (build_qp.log)"
+    status=1
+    tail -30 "$OUT/build_qp.log"
+    return
+  fi
+  local env_qp=(JAX_EP_NVSHMEM_HOST_LIB="$dir/nvshmem/lib/libnvshmem_host.so.3"
+                LD_LIBRARY_PATH="$dir/nvshmem/lib:${LD_LIBRARY_PATH:-}")
+  env "${env_qp[@]}" "$PY" - <<'PY' 2>&1 | tee -a "$SUMMARY"
+from jax_ep import _extension
+m = _extension.cuda_module()
+print("qp build:", _extension.cuda_module_status(), "| NVSHMEM loaded",
+      m.nvshmem_loaded_version() if m else None, "compiled",
+      m.nvshmem_compiled_version() if m else None, "QP API", m.has_qp_api() if m else None)
+PY
+  one_gpu_run "qp_rdma_n2" 2 "tests/gpu/test_ll_gpu.py tests/gpu/test_rdma_peers_gpu.py" \
+      "not 1000_calls" "" JAX_EP_TESTING_RDMA_PEERS=all "${env_qp[@]}" XLA_FLAGS="${XLA_FLAGS:-}"
+  grep -E "nvshmemx_qp_create|QP" "$OUT/qp_rdma_n2.log" | grep -v "^\[rank [0-9]\] [IW]1" \
+      | head -5 | tee -a "$SUMMARY"
+}
+
+run_one_gpu() {
+  local phases=("$@") phase
+  if [[ ${#phases[@]} -eq 0 ]]; then
+    phases=(n2 n4 n8 rdma faults example)
+    [[ -f "$QP_BUNDLE" ]] && phases+=(qp)
+  fi
+  note "one GPU, several processes: correctness only (timeout_s=$JAX_EP_TEST_TIMEOUT_S)"
+  for phase in "${phases[@]}"; do
+    case "$phase" in
+      n2) one_gpu_suite 2 ;;
+      n4) one_gpu_suite 4 ;;
+      n8) one_gpu_suite 8 ;;
+      rdma) one_gpu_rdma ;;
+      faults) one_gpu_faults ;;
+      example) one_gpu_example ;;
+      qp) one_gpu_qp ;;
+      *) note "unknown phase $phase"; status=1 ;;
+    esac
+  done
+}
