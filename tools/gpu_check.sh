@@ -22,7 +22,9 @@
 #       example   examples/moe_layer.py in one process on the CUDA backend
 #   tools/gpu_check.sh [all|tests|bench|ll|ht|faults|build] [quick]
 #     one process per GPU (2 or more GPUs): machine.txt, build.log,
-#     tests_cmdbuf_{on,off}.log, bench.log, bench_{ll,ht}.json, ht_sweep.png.
+#     tests_cmdbuf_{on,off}.log, bench.log, ht_sweep.png and the bench's
+#     <mode>_<date>_<commit>.json (ll, ht, ht-ragged; jax_ep/bench/provenance.py;
+#     without .git on the GPU machine, JAX_EP_BENCH_COMMIT names the commit).
 #     ll / ht: that family's tests and benchmark; tests / bench: one half;
 #     faults: only the fault-injection and masking tests; build: only the
 #     build; quick: skip the long repeated-call tests, the HT sweeps and the
@@ -124,10 +126,8 @@ bench() {  # $1 = mode, rest = extra flags; output streams into $OUT/bench.log a
   shift
   local start_line
   start_line=$(( $(wc -l < "$OUT/bench.log" 2>/dev/null || echo 0) + 1 ))
-  local json=$OUT/bench_$mode.json
-  [[ " $* " == *" --ragged "* ]] && json=$OUT/bench_${mode}_ragged.json
   timeout "${BENCH_TIMEOUT_S:-900}" "$PY" -m jax_ep.launch -n 2 -m jax_ep.bench --mode "$mode" \
-      --out "$json" "$@" >> "$OUT/bench.log" 2>&1 \
+      --out_dir "$OUT" "$@" >> "$OUT/bench.log" 2>&1 \
       || { status=1; note "bench $mode $*: FAILED or timed out"; \
            tail -n +"$start_line" "$OUT/bench.log" | grep -v "^\[rank [01]\] [IW]1" | tail -15; }
   tail -n +"$start_line" "$OUT/bench.log" | grep -E "^\[rank 0\] " | sed 's/^\[rank 0\] //' \

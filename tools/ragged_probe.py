@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 
 import jax_ep  # noqa: E402
 from jax_ep.bench.common import deepep_routing, random_rows  # noqa: E402
-from jax_ep.bench.ht import _ragged_dispatch  # noqa: E402
+from jax_ep.bench import ragged  # noqa: E402
 from jax_ep.bench.timing import global_array  # noqa: E402
 
 START = time.perf_counter()
@@ -38,7 +38,7 @@ def say(what: str) -> None:
 
 
 def stage(name: str, config: jax_ep.EpConfig, mesh, x, idx) -> None:
-  fn = jax.jit(jax.shard_map(lambda x, i: _ragged_dispatch(x, i, config)[0], mesh=mesh,
+  fn = jax.jit(jax.shard_map(lambda x, i: ragged.dispatch(x, i, config)[0], mesh=mesh,
                              in_specs=jax.P("ep"), out_specs=jax.P("ep")))
   args = (global_array(mesh, x), global_array(mesh, idx))
   say(f"{name}: compiling")

@@ -1,8 +1,13 @@
-"""python -m jax_ep.launch -n 2 -m jax_ep.bench --mode ll|ht [--out results.json]."""
+"""python -m jax_ep.launch -n 2 -m jax_ep.bench --mode ll|ht [--out_dir DIR | --out FILE].
+
+Prints the results table (a system that failed is a FAILED row with its
+error) and writes the JSON: run settings, rows, machine, commit, date, versions
+and the command line (provenance.py). The exit status is 1 when any system
+failed, 0 otherwise.
+"""
 
 from __future__ import annotations
 
-import datetime
 import os
 import sys
 
@@ -11,22 +16,27 @@ from absl import app, flags
 from jax_ep import launch
 
 flags.DEFINE_enum("mode", "ll", ["ll", "ht"], "which kernels to benchmark")
-flags.DEFINE_integer("tokens", None, "tokens per rank (default: 128 for ll, 4096 for ht)")
+flags.DEFINE_integer("tokens", None, "tokens per rank (default: 128 for ll, DeepEP's LL "
+                     "setting; 4096 for ht)")
 flags.DEFINE_integer("hidden", 7168, "hidden size")
 flags.DEFINE_integer("num_experts", 256, "experts")
 flags.DEFINE_integer("topk", 8, "experts per token")
-flags.DEFINE_integer("num_calls", 50, "calls per timed executable")
-flags.DEFINE_integer("repeats", 7, "timed executions (median reported)")
+flags.DEFINE_integer("num_calls", 50, "calls per long timed executable (the short one: 1/5)")
+flags.DEFINE_integer("repeats", 7, "timed executions of each loop length (medians)")
 flags.DEFINE_integer("seed", 0, "routing/data seed")
-flags.DEFINE_string("out", None, "write results as JSON here")
+flags.DEFINE_string("out_dir", None, "write the JSON here as <mode>_<date>_<commit>.json")
+flags.DEFINE_string("out", None, "write the JSON to exactly this file")
 flags.DEFINE_bool("sweep", False, "ht: also sweep tokens per rank 128..8192 (JSON + PNG)")
 flags.DEFINE_string("plot", None, "ht --sweep: write the plot PNG here")
-flags.DEFINE_bool("ragged", False, "ht: time only the ragged_all_to_all (MaxText) baseline")
-flags.DEFINE_bool("baselines", True, "ht: also time the all_to_all baselines (--nobaselines: "
-                  "jax_ep only, for quick A/B runs of kernel variants)")
+flags.DEFINE_bool("ragged", False, "ht: time only the ragged_all_to_all (MaxText) baseline "
+                  "and the bare all_to_all")
+flags.DEFINE_bool("baselines", True, "ht: also time the portable all_to_all paths "
+                  "(--nobaselines: jax_ep and the bare all_to_all only, for quick A/B runs)")
 flags.DEFINE_list("sm_sweep", [], "ht: also time jax_ep at these SM budgets (EpConfig.num_sms)")
 FLAGS = flags.FLAGS
 
+TIMING = ("in-graph slope: (median T(N) - median T(N/5)) / (N - N/5), T = wall time of one "
+          "execution of an executable of N dependent unrolled calls; max over ranks")
 
 # MaxText-style ragged_all_to_all across processes (one GPU each) needs XLA's
 # NCCL send/recv path, which XLA refuses unless asked; must be set before the
@@ -34,19 +44,21 @@ FLAGS = flags.FLAGS
 _RAGGED_FLAG = "--xla_gpu_allow_ragged_all_to_all_nccl_send_recv_fallback=true"
 
 
-def main(argv):
-  del argv
+def file_mode() -> str:
+  """The <mode> part of the JSON's name: ll, ht, or ht-ragged."""
+  return "ht-ragged" if FLAGS.mode == "ht" and FLAGS.ragged else FLAGS.mode
+
+
+def main(argv) -> int:
   if FLAGS.mode == "ht" and _RAGGED_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _RAGGED_FLAG).strip()
   launch.initialize_distributed_from_env()
   import jax  # pylint: disable=import-outside-toplevel
   import jax_ep  # pylint: disable=import-outside-toplevel
-  from jax_ep.bench import common  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from jax_ep.bench import kernel_profile, provenance, results
 
-  results = dict(mode=FLAGS.mode, device=common.device_description(),
-                 date=datetime.datetime.now().isoformat(timespec="seconds"),
-                 timing="in-graph: one executable of num_calls unrolled calls, median of "
-                        "repeats, max over ranks")
+  record = provenance.record(sys.argv)
   if FLAGS.mode == "ll":
     from jax_ep.bench import ll  # pylint: disable=import-outside-toplevel
     rows, meta = ll.run(FLAGS.tokens or 128, FLAGS.hidden, FLAGS.num_experts, FLAGS.topk,
@@ -55,31 +67,41 @@ def main(argv):
     from jax_ep.bench import ht  # pylint: disable=import-outside-toplevel
     rows, meta = ht.run(FLAGS.tokens or 4096, FLAGS.hidden, FLAGS.num_experts, FLAGS.topk,
                         FLAGS.num_calls, FLAGS.repeats, FLAGS.seed, sweep=FLAGS.sweep,
-                        plot=FLAGS.plot, ragged=FLAGS.ragged,
+                        plot=FLAGS.plot, ragged_only=FLAGS.ragged,
                         sm_sweep=tuple(int(n) for n in FLAGS.sm_sweep),
                         baselines=FLAGS.baselines)
-  results.update(meta=meta, rows=rows)
+  failed = results.any_failed(rows) or any(
+      point.get("errors") for key in ("sweep", "sm_sweep") for point in meta.get(key, []))
+  payload = dict(mode=FLAGS.mode, ragged=FLAGS.ragged, **record, timing=TIMING,
+                 any_failed=failed, meta=meta, rows=rows)
   if jax.process_index() == 0:
-    if FLAGS.out:  # first: a failure while printing must not lose the numbers
-      common.write_json(FLAGS.out, results)
-    brief = {k: v for k, v in meta.items() if k not in ("sweep", "kernel_profile", "sm_sweep")}
-    common.print_table(rows, f"jax_ep bench --mode {FLAGS.mode} on {results['device']} "
-                             f"({results['date']}): {brief}")
-    if meta.get("kernel_profile"):
-      print("in-kernel profile (rank 0, us per call):")
-      for label, kernels in meta["kernel_profile"].items():
-        print(f"  {label}: " + "; ".join(
-            f"{k} kernel {v['kernel_us']:.1f} wait {v['wait_us']:.1f}"
-            + (f" gap {v['gap_after_send_us']:.1f}" if "gap_after_send_us" in v else "")
-            for k, v in kernels.items() if k != "timeline_us"))
-        if "timeline_us" in kernels:
-          print("    timeline (medians): " + ", ".join(
-              f"{k} {v:.1f}" for k, v in kernels["timeline_us"].items()))
+    path = FLAGS.out
+    if path is None and FLAGS.out_dir:
+      os.makedirs(FLAGS.out_dir, exist_ok=True)
+      path = provenance.free_path(FLAGS.out_dir, provenance.default_name(
+          file_mode(), record["date"], record["commit"]["short"], record["commit"]["dirty"]))
+    if path:  # first: a failure while printing must not lose the numbers
+      results.write_json(path, payload)
+    brief = {k: v for k, v in meta.items()
+             if k not in ("sweep", "kernel_profile", "sm_sweep", "routing")}
+    machine = record["machine"]
+    print("\n" + results.format_table(
+        rows, f"jax_ep bench --mode {FLAGS.mode} on {machine['device_count']}x "
+              f"{machine['device_kind']} ({record['date']}, commit {record['commit']['short']}"
+              f"{' dirty' if record['commit']['dirty'] else ''}): {brief}"))
+    for label, profile in meta.get("kernel_profile", {}).items():
+      print(f"in-kernel profile (rank 0, us per call): {label}: "
+            f"{kernel_profile.format_profile(profile)}")
     for point in meta.get("sm_sweep", []):
-      print("SM budget " + ", ".join(f"{k}: {v:.1f} us" if isinstance(v, float) else f"{k}={v}"
-                                     for k, v in point.items()))
+      print(f"SM budget {point['num_sms']}: " + ", ".join(
+          f"{k}: {v:.1f} us" if v is not None else f"{k}: FAILED" for k, v in point["us"].items()))
+    if path:
+      print(f"results: {path}")
+    if failed:
+      print("bench: at least one system FAILED (see the table / the JSON's rows)")
   jax_ep.finalize()
   sys.stdout.flush()
+  return 1 if failed else 0
 
 
 if __name__ == "__main__":

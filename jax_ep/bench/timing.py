@@ -1,11 +1,15 @@
 """In-graph timing: jitted executables of N dependent calls, timed from the host.
 
-Per-call time is the slope between two loop lengths: (T(N) - T(N/5)) / (N - N/5),
-with T the median wall time of one execution (after a warm-up). The slope drops
-what one execution costs whatever N is (the host's launch and the final sync),
-which the old "T(N) / N" spread over the calls. Calls are dependent and unrolled
-in one executable (no host round trip between them; see loop_of). Every system
-is timed this same way, in the same run.
+Per-call time is the slope between two loop lengths,
+
+    slope = (median T(N) - median T(N/5)) / (N - N/5),
+
+with T(n) the wall time of one execution of the n-call executable (after a
+warm-up), each loop length executed ``repeats`` times, alternately. The slope
+drops what one execution costs whatever n is (the host's launch and the final
+sync), which a plain T(N) / N would spread over the calls. Calls are dependent
+and unrolled in one executable (no host round trip between them; see loop_of).
+Every system is timed this same way, in the same run.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -21,14 +25,69 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+Clock = Callable[[], float]  # seconds, monotonic (time.perf_counter)
+
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-  median_us: float      # per call: slope between the two loop lengths
-  min_us: float         # per call, fastest long execution / its calls (upper-bound style)
-  max_us: float         # per call, slowest long execution / its calls
+  """One system's per-call time on this process.
+
+  Attributes:
+    median_us: per call, the slope between the two loop lengths (module docstring).
+    min_us: per call, the fastest long execution divided by its calls (includes
+      the per-execution cost the slope removes).
+    max_us: per call, the slowest long execution divided by its calls.
+    calls_per_loop: N, calls in the long executable.
+    short_calls: calls in the short executable (N // 5, at least 1).
+    repeats: executions of each loop length.
+  """
+
+  median_us: float
+  min_us: float
+  max_us: float
   calls_per_loop: int
+  short_calls: int
   repeats: int
+
+
+def short_calls_of(num_calls: int) -> int:
+  """Calls of the short executable: N // 5, at least 1."""
+  return max(1, num_calls // 5)
+
+
+def slope_us(long_s: Sequence[float], short_s: Sequence[float], long_calls: int,
+             short_calls: int) -> float:
+  """(median(long_s) - median(short_s)) / (long_calls - short_calls), in microseconds.
+
+  ``long_s`` / ``short_s``: wall seconds of each execution of the long / short
+  executable. The median keeps one slow execution (a host hiccup) out of the
+  result.
+  """
+  if long_calls <= short_calls:
+    raise ValueError(f"the long loop ({long_calls} calls) must be longer than the short one "
+                     f"({short_calls})")
+  if not long_s or not short_s:
+    raise ValueError("no samples")
+  return (statistics.median(long_s) - statistics.median(short_s)) * 1e6 / (
+      long_calls - short_calls)
+
+
+def time_loops(run: Callable[[int], None], num_calls: int, repeats: int,
+               clock: Clock = time.perf_counter) -> Timing:
+  """Times ``run(n)`` (one execution of the n-call executable, until its result
+  exists) for n = num_calls and short_calls_of(num_calls), ``repeats`` times
+  each, alternately, and returns the slope. The caller warms both up first."""
+  short_calls = short_calls_of(num_calls)
+  samples: dict[int, list[float]] = {num_calls: [], short_calls: []}
+  for _ in range(repeats):
+    for n in (num_calls, short_calls):
+      start = clock()
+      run(n)
+      samples[n].append(clock() - start)
+  long_s = samples[num_calls]
+  return Timing(slope_us(long_s, samples[short_calls], num_calls, short_calls),
+                min(long_s) * 1e6 / num_calls, max(long_s) * 1e6 / num_calls, num_calls,
+                short_calls, repeats)
 
 
 def loop_of(op: Callable, num_calls: int) -> Callable:
@@ -37,23 +96,27 @@ def loop_of(op: Callable, num_calls: int) -> Callable:
   After each call, its whole result and the arguments go through one
   ``optimization_barrier``, and the next call reads the arguments out of it: the
   next call cannot start before this one's result exists, and XLA can neither
-  merge, hoist, overlap nor trim calls through the barrier. One element of each
-  result is summed at the very end (one small kernel per execution, not per
-  call), so no result is dead.
+  merge, hoist, overlap nor trim calls through the barrier. One element of
+  EVERY leaf of each result (as it leaves the barrier) is summed at the very
+  end (one small kernel per execution, not per call). XLA removes a barrier
+  output that nothing reads, and with it the work that produced it, so a leaf
+  left out of the sum would not be computed at all.
   """
 
   def looped(*args):
-    firsts = []
+    picked = []
     for _ in range(num_calls):
       out = op(*args)
       args, out = jax.lax.optimization_barrier((args, out))
-      firsts.append(jax.tree.leaves(out)[0].reshape(-1)[0].astype(jnp.float32))
-    return jnp.sum(jnp.stack(firsts))
+      for leaf in jax.tree.leaves(out):
+        picked.append(jnp.sum(jnp.asarray(leaf).reshape(-1)[:1].astype(jnp.float32)))
+    return jnp.sum(jnp.stack(picked)) if picked else jnp.float32(0)
 
   return looped
 
 
-def _executable(per_shard_op: Callable, mesh: jax.sharding.Mesh, num_calls: int) -> Callable:
+def executable(per_shard_op: Callable, mesh: jax.sharding.Mesh, num_calls: int) -> Callable:
+  """The jitted executable that is timed: loop_of(per_shard_op) in shard_map over ``ep``."""
   looped = loop_of(per_shard_op, num_calls)
   return jax.jit(jax.shard_map(lambda *a: looped(*a)[None], mesh=mesh, in_specs=P("ep"),
                                out_specs=P("ep")))
@@ -61,36 +124,27 @@ def _executable(per_shard_op: Callable, mesh: jax.sharding.Mesh, num_calls: int)
 
 def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
                   num_calls: int = 50, repeats: int = 7,
-                  after_warmup: Callable[[], None] | None = None) -> Timing:
-  """Per-call time (us) of ``per_shard_op`` inside jit(shard_map), per rank.
+                  after_warmup: Callable[[], None] | None = None,
+                  clock: Clock = time.perf_counter) -> Timing:
+  """Per-call time (us) of ``per_shard_op`` inside jit(shard_map), on this process.
 
+  ``local_args``: this process's shards (numpy), EP-sharded along axis 0.
   ``after_warmup`` runs between the warm-ups and the timed executions (all
   executions of both loop lengths then count in whatever it resets).
   """
   num_calls = max(num_calls, 2)
-  short_calls = max(1, num_calls // 5)
-  long_fn = _executable(per_shard_op, mesh, num_calls)
-  short_fn = _executable(per_shard_op, mesh, short_calls)
+  fns = {n: executable(per_shard_op, mesh, n) for n in (num_calls, short_calls_of(num_calls))}
   args = [global_array(mesh, a) for a in local_args]
-  for fn in (long_fn, short_fn):
+  for fn in fns.values():
     jax.block_until_ready(fn(*args))  # compile + warm up
     jax.block_until_ready(fn(*args))
   if after_warmup is not None:
     after_warmup()
-  long_s, short_s = [], []
-  for _ in range(repeats):
-    for fn, samples in ((long_fn, long_s), (short_fn, short_s)):
-      start = time.perf_counter()
-      jax.block_until_ready(fn(*args))
-      samples.append(time.perf_counter() - start)
-  slope_us = (statistics.median(long_s) - statistics.median(short_s)) * 1e6 / (
-      num_calls - short_calls)
-  return Timing(slope_us, min(long_s) * 1e6 / num_calls, max(long_s) * 1e6 / num_calls,
-                num_calls, repeats)
+  return time_loops(lambda n: jax.block_until_ready(fns[n](*args)), num_calls, repeats, clock)
 
 
 def time_single_shot(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
-                     num_calls: int = 5) -> Timing:
+                     num_calls: int = 5, clock: Clock = time.perf_counter) -> Timing:
   """Like time_per_call, but every executable runs exactly once.
 
   For ``jax.lax.ragged_all_to_all`` across processes (XLA's NCCL send/recv
@@ -100,30 +154,27 @@ def time_single_shot(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args
   each of num_calls (> 2) and of 1 call, three distinct programs; the slope
   is their difference over num_calls - 1. One sample each: no median.
   """
-  warm_fn = _executable(per_shard_op, mesh, 2)
-  long_fn = _executable(per_shard_op, mesh, max(num_calls, 3))
-  short_fn = _executable(per_shard_op, mesh, 1)
   num_calls = max(num_calls, 3)
   args = [global_array(mesh, a) for a in local_args]
-  compiled = [fn.lower(*args).compile() for fn in (warm_fn, long_fn, short_fn)]
-  jax.block_until_ready(compiled[0](*args))
-  samples = []
-  for fn in compiled[1:]:
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    samples.append(time.perf_counter() - start)
-  slope_us = (samples[0] - samples[1]) * 1e6 / (num_calls - 1)
-  return Timing(slope_us, samples[0] * 1e6 / num_calls, samples[0] * 1e6 / num_calls,
-                num_calls, 1)
+  compiled = {n: executable(per_shard_op, mesh, n).lower(*args).compile()
+              for n in (2, num_calls, 1)}
+  jax.block_until_ready(compiled[2](*args))
+  seconds = {}
+  for n in (num_calls, 1):
+    start = clock()
+    jax.block_until_ready(compiled[n](*args))
+    seconds[n] = clock() - start
+  per_call = seconds[num_calls] * 1e6 / num_calls
+  return Timing(slope_us([seconds[num_calls]], [seconds[1]], num_calls, 1), per_call, per_call,
+                num_calls, 1, 1)
 
 
 def global_array(mesh: jax.sharding.Mesh, local: np.ndarray) -> jax.Array:
   """The EP-sharded global array whose part on this process is ``local``."""
-  return jax.make_array_from_process_local_data(
-      NamedSharding(mesh, P("ep")), local, (local.shape[0] * jax.process_count(),) + local.shape[1:])
+  global_shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
+  return jax.make_array_from_process_local_data(NamedSharding(mesh, P("ep")), local, global_shape)
 
 
-def gather_max(value: float) -> float:
-  """Max of a per-process float over all processes (host-side, for reporting)."""
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-  return float(np.max(multihost_utils.process_allgather(np.float64(value))))
+def local_part(array: jax.Array) -> np.ndarray:
+  """This process's part of an EP-sharded global array (its first addressable shard)."""
+  return np.asarray(array.addressable_shards[0].data)

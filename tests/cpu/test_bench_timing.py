@@ -1,9 +1,105 @@
-"""The benchmark's timing helpers (jax_ep/bench/timing.py)."""
+"""The benchmark's timing harness (jax_ep/bench/timing.py): the slope arithmetic on
+synthetic timings, its wiring to the executables, and the loop's consumption of
+every output."""
+
+import statistics
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from jax_ep.bench import timing
+from jax_ep.bench import ragged, timing
+
+# The slope is a difference of medians of float64 seconds, divided once: a few ulps.
+REL = 8 * np.finfo(np.float64).eps
+
+
+class FakeClock:
+  """A clock that only moves when a fake execution of n calls runs."""
+
+  def __init__(self, cost):
+    self.now = 1000.0  # nonzero, as perf_counter is
+    self.cost = cost   # (n, i-th execution of n) -> seconds
+    self.executions: list[int] = []
+
+  def __call__(self) -> float:
+    return self.now
+
+  def run(self, n: int) -> None:
+    self.now += self.cost(n, self.executions.count(n))
+    self.executions.append(n)
+
+
+def test_slope_is_the_difference_of_medians_over_the_difference_of_calls():
+  long_s = [0.0105, 0.0103, 0.5, 0.0104, 0.0102]   # one host hiccup
+  short_s = [0.0025, 0.0026, 0.0024, 0.1, 0.0023]
+  expected = (0.0104 - 0.0025) / (50 - 10) * 1e6   # medians, not means
+  assert timing.slope_us(long_s, short_s, 50, 10) == pytest.approx(expected, rel=REL)
+  mean_based = (statistics.mean(long_s) - statistics.mean(short_s)) / 40 * 1e6
+  assert abs(mean_based - expected) > 1000  # the outliers would show with means
+
+
+def test_slope_refuses_loops_of_equal_length_and_empty_samples():
+  with pytest.raises(ValueError):
+    timing.slope_us([1.0], [1.0], 10, 10)
+  with pytest.raises(ValueError):
+    timing.slope_us([], [1.0], 10, 2)
+
+
+def test_short_loop_is_a_fifth_of_the_long_one():
+  assert [timing.short_calls_of(n) for n in (2, 4, 5, 50, 51)] == [1, 1, 1, 10, 10]
+
+
+def test_time_loops_recovers_the_per_call_cost_and_drops_the_fixed_cost():
+  # T(n) = 3 ms fixed + 40 us per call; the 2nd long and the 3rd short execution
+  # are 20 ms slower (a hiccup the medians must ignore).
+  per_call, fixed = 40e-6, 3e-3
+
+  def cost(n, i):
+    hiccup = 20e-3 if (n == 50 and i == 1) or (n == 10 and i == 2) else 0.0
+    return fixed + per_call * n + hiccup
+
+  clock = FakeClock(cost)
+  result = timing.time_loops(clock.run, num_calls=50, repeats=5, clock=clock)
+  assert clock.executions == [50, 10] * 5  # alternately, long first
+  assert result.median_us == pytest.approx(per_call * 1e6, rel=1e-9)
+  assert (result.calls_per_loop, result.short_calls, result.repeats) == (50, 10, 5)
+  # min/max: whole long executions over their calls (fixed cost included).
+  assert result.min_us == pytest.approx((fixed + per_call * 50) / 50 * 1e6, rel=1e-9)
+  assert result.max_us == pytest.approx((fixed + per_call * 50 + 20e-3) / 50 * 1e6, rel=1e-9)
+
+
+def test_time_per_call_times_the_long_and_the_short_executable_with_the_clock():
+  """The real executables run; the injected clock decides the durations: the k-th
+  long / short execution takes long_s[k] / short_s[k]."""
+  long_s, short_s = [0.9, 0.5, 0.7], [0.2, 0.1, 0.4]
+  durations = iter([d for pair in zip(long_s, short_s) for d in pair])
+  state = {"now": 0.0, "started": False}
+
+  def clock():
+    if state["started"]:  # a stop: this execution's scripted duration
+      state["now"] += next(durations)
+    state["started"] = not state["started"]
+    return state["now"]
+
+  mesh = jax.make_mesh((jax.device_count(),), ("ep",))
+  x = np.ones((jax.device_count(), 8), np.float32)
+  result = timing.time_per_call(lambda a: a * 2, mesh, [x], num_calls=10, repeats=3,
+                                clock=clock)
+  expected = (statistics.median(long_s) - statistics.median(short_s)) / (10 - 2) * 1e6
+  assert result.median_us == pytest.approx(expected, rel=REL)
+  assert result.short_calls == 2
+
+
+def test_loop_keeps_every_output_leaf():
+  """XLA drops a barrier output that nothing reads, and the work behind it: the
+  loop must read one element of every leaf, or the second leaf's matmul goes."""
+  def op(x):
+    return x + 1, jnp.sin(x) @ x
+
+  hlo = jax.jit(timing.loop_of(op, 3)).lower(jnp.ones((64, 64))).compile().as_text()
+  assert hlo.count(" dot(") == 3
 
 
 def test_single_shot_runs_each_program_once():
@@ -16,7 +112,8 @@ def test_single_shot_runs_each_program_once():
     return x * 2 + 1
 
   mesh = jax.make_mesh((jax.device_count(),), ("ep",))
-  result = timing.time_single_shot(op, mesh, [np.ones((4 * jax.device_count(), 128), np.float32)], num_calls=5)
+  result = timing.time_single_shot(op, mesh, [np.ones((4 * jax.device_count(), 128),
+                                                      np.float32)], num_calls=5)
   jax.effects_barrier()
   assert len(calls) == (2 + 5 + 1) * jax.device_count()  # one callback per call and shard
   assert result.repeats == 1 and result.calls_per_loop == 5
@@ -26,11 +123,9 @@ def test_single_shot_runs_each_program_once():
 def test_ragged_baseline_is_single_shot_unless_the_decomposer_is_on(monkeypatch):
   """Without XLA's ragged_all_to_all decomposer the baseline runs single-shot (the
   NCCL send/recv fallback hung on a second execution); with it, the slope harness."""
-  from jax_ep.bench import ht  # pylint: disable=import-outside-toplevel
-
   monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
-  assert ht._ragged_needs_single_shot()  # pylint: disable=protected-access
-  monkeypatch.setenv("XLA_FLAGS", f"--foo=1 {ht.RAGGED_DECOMPOSER_FLAG}")
-  assert not ht._ragged_needs_single_shot()  # pylint: disable=protected-access
+  assert ragged.needs_single_shot()
+  monkeypatch.setenv("XLA_FLAGS", f"--foo=1 {ragged.DECOMPOSER_FLAG}")
+  assert not ragged.needs_single_shot()
   monkeypatch.delenv("XLA_FLAGS")
-  assert ht._ragged_needs_single_shot()  # pylint: disable=protected-access
+  assert ragged.needs_single_shot()

@@ -1,0 +1,135 @@
+"""Times one system on every rank and agrees on the outcome: its time or its error.
+
+A system that raises (cannot compile, cannot run here, fails on a rank) is not
+dropped: its outcome carries the error text, and the table shows it as a
+FAILED row. Every rank takes part in the same gathers whatever happened
+locally, so a failure on one rank reaches rank 0's table. (A rank that stops
+inside a collective of the timed program cannot be helped here; the
+kernels' bounded waits turn such stalls into errors.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import jax
+import numpy as np
+
+from jax_ep.bench import kernel_profile, timing
+from jax_ep.bench.timing import Timing
+
+ERROR_BYTES = 2048  # error text kept per rank (UTF-8, truncated)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """One system's result over all ranks.
+
+  Attributes:
+    us: per-call time, the maximum over ranks; None if any rank failed.
+    error: "rank N: <exception>" of the first failing rank, else None.
+    timing: this rank's Timing (None where it failed).
+  """
+
+  us: float | None
+  error: str | None
+  timing: Timing | None = None
+
+
+def allgather(value: np.ndarray) -> np.ndarray:
+  """[P, ...] stack of every process's ``value`` (numpy, host side)."""
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return np.asarray(multihost_utils.process_allgather(value))
+
+
+def encode_error(text: str | None) -> np.ndarray:
+  """uint8[ERROR_BYTES]: the text (UTF-8, cut, zero-padded), for a fixed-shape gather."""
+  data = (text or "").encode("utf-8", "replace")[:ERROR_BYTES]
+  return np.frombuffer(data.ljust(ERROR_BYTES, b"\0"), dtype=np.uint8).copy()
+
+
+def decode_error(buf: np.ndarray) -> str:
+  return bytes(buf).rstrip(b"\0").decode("utf-8", "replace")
+
+
+def combine_outcomes(us_per_rank: np.ndarray, errors: list[str | None]) -> tuple[float | None,
+                                                                                str | None]:
+  """(max us, None) when every rank succeeded, else (None, "rank N: error") of the
+  lowest failing rank. ``us_per_rank`` float[P] (NaN where that rank failed)."""
+  for rank, error in enumerate(errors):
+    if error:
+      return None, f"rank {rank}: {error}"
+  if not np.all(np.isfinite(us_per_rank)):
+    return None, "a rank returned no time"
+  return float(np.max(us_per_rank)), None
+
+
+def run_system(timer: Callable[[], Timing], gather: Callable[[np.ndarray], np.ndarray] = allgather
+               ) -> Outcome:
+  """Runs ``timer`` here (catching any exception), then gathers every rank's outcome.
+
+  ``gather``: the all-process stack (multihost_utils.process_allgather; a
+  parameter so tests can simulate other ranks).
+  """
+  timing, error = None, None
+  try:
+    timing = timer()
+    if not math.isfinite(timing.median_us):
+      error = f"non-finite time {timing.median_us}"
+  except Exception as e:  # pylint: disable=broad-except
+    error = f"{type(e).__name__}: {e}".strip() or type(e).__name__
+  local_us = np.float64(timing.median_us if timing is not None and error is None else np.nan)
+  us_all = gather(np.asarray([local_us]))[:, 0]
+  errors = [decode_error(b) or None for b in gather(encode_error(error))]
+  us, first_error = combine_outcomes(us_all, errors)
+  return Outcome(us=us, error=first_error, timing=timing)
+
+
+class Runner:
+  """Times per-shard ops on one mesh, all the same way, and logs each outcome.
+
+  ``args`` of :meth:`time` are this process's input shards, or a function that
+  makes them: whatever it raises (a layout step that cannot compile here, say)
+  becomes the system's FAILED outcome too.
+  """
+
+  def __init__(self, mesh: jax.sharding.Mesh, num_calls: int, repeats: int, context: str = ""):
+    self.mesh = mesh
+    self.num_calls = num_calls
+    self.repeats = repeats
+    self.context = context
+    self.profiles: dict[str, dict] = {}  # label -> this rank's kernel profile
+
+  def time(self, label: str, op: Callable, args, *, profile: bool = False,
+           single_shot: bool = False, num_calls: int | None = None) -> Outcome:
+    """Outcome of ``op`` (per shard, inside jit(shard_map)) on ``args``.
+
+    profile: with JAX_EP_PROFILE=1 on the CUDA backend, keep the kernels'
+    in-kernel profile of the timed calls. single_shot: every executable runs
+    once (timing.time_single_shot says when that is needed).
+    """
+    calls = num_calls or self.num_calls
+    rank = jax.process_index()
+
+    def timer() -> Timing:
+      local_args = args() if callable(args) else args
+      if single_shot:
+        return timing.time_single_shot(op, self.mesh, local_args, calls)
+      keep_profile = profile and kernel_profile.enabled()
+      measured = timing.time_per_call(op, self.mesh, local_args, calls, self.repeats,
+                                      after_warmup=kernel_profile.reset if keep_profile else None)
+      if keep_profile:
+        self.profiles[f"{self.context}{label}"] = kernel_profile.read()
+        print(f"profile rank {rank}: {self.context}{label}: "
+              f"{kernel_profile.format_profile(self.profiles[f'{self.context}{label}'])}",
+              flush=True)
+      return measured
+
+    outcome = run_system(timer)
+    if rank == 0:
+      result = (f"{outcome.us:.1f} us" if outcome.error is None
+                else f"FAILED: {outcome.error.splitlines()[0][:300]}")
+      print(f"bench: {self.context}{label}: {result}", flush=True)
+    return outcome

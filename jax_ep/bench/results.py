@@ -1,0 +1,117 @@
+"""The results table: one Row per (op, system), FAILED rows included; JSON output."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+from jax_ep.bench import traffic as traffic_lib
+
+TABLE_ERROR_CHARS = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One line of the results table.
+
+  Attributes:
+    op: what was timed, e.g. "HT dispatch FP8".
+    system: who did it, e.g. "jax_ep (cuda backend)", "all_to_all (portable)".
+    us: per-call microseconds, the maximum over ranks; None when it failed.
+    error: why the system failed (on which rank, the exception's text), else None.
+    traffic: bytes per call (jax_ep/bench/traffic.py), None when no rows move.
+    bare_us: the bare all_to_all of the same padded payload in the same run.
+    portable_us: the portable all_to_all path of the same op in the same run.
+    note: a short remark for the reader.
+  """
+
+  op: str
+  system: str
+  us: float | None
+  error: str | None = None
+  traffic: traffic_lib.Traffic | None = None
+  bare_us: float | None = None
+  portable_us: float | None = None
+  note: str = ""
+
+  @property
+  def failed(self) -> bool:
+    return self.error is not None
+
+  @property
+  def gbps(self) -> float | None:
+    """DeepEP's way: every received row's bytes (own rows included) / time."""
+    return traffic_lib.gbps(self.traffic and self.traffic.deepep_bytes, self.us)
+
+  @property
+  def link_gbps(self) -> float | None:
+    """Bytes that crossed the links into one rank / time (mean over ranks)."""
+    return traffic_lib.gbps(self.traffic and self.traffic.link_bytes, self.us)
+
+  @property
+  def vs_bare(self) -> float | None:
+    """This time over the bare all_to_all's (> 1: slower than the bare exchange)."""
+    return _ratio(self.us, self.bare_us)
+
+  @property
+  def speedup_vs_portable(self) -> float | None:
+    """The portable all_to_all path's time over this one (> 1: faster than it)."""
+    return _ratio(self.portable_us, self.us)
+
+  def to_json(self) -> dict:
+    out = dataclasses.asdict(self)
+    out.update(gbps=self.gbps, link_gbps=self.link_gbps, vs_bare=self.vs_bare,
+               speedup_vs_portable=self.speedup_vs_portable, failed=self.failed)
+    return out
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+  if num is None or den is None or not den > 0 or not math.isfinite(num):
+    return None
+  return num / den
+
+
+def _cell(value: float | None, width: int, digits: int) -> str:
+  return f"{value:{width}.{digits}f}" if value is not None else " " * width
+
+
+def format_table(rows: list[Row], title: str) -> str:
+  lines = [title,
+           f"{'op':<30}{'system':<30}{'us/call':>10}{'GB/s':>9}{'link GB/s':>11}"
+           f"{'/ bare':>8}{'x portable':>11}"]
+  for r in rows:
+    head = f"{r.op:<30}{r.system:<30}"
+    if r.failed:
+      first = r.error.splitlines()[0] if r.error else ""
+      lines.append(f"{head}{'FAILED':>10}  {first[:TABLE_ERROR_CHARS]}")
+      continue
+    lines.append(f"{head}{_cell(r.us, 10, 1)}{_cell(r.gbps, 9, 1)}{_cell(r.link_gbps, 11, 1)}"
+                 f"{_cell(r.vs_bare, 8, 2)}{_cell(r.speedup_vs_portable, 11, 2)}")
+  return "\n".join(lines)
+
+
+def any_failed(rows: list[Row]) -> bool:
+  return any(r.failed for r in rows)
+
+
+def write_json(path: str, payload: dict) -> None:
+  def encode(o):
+    if isinstance(o, Row):
+      return o.to_json()
+    if dataclasses.is_dataclass(o):
+      return dataclasses.asdict(o)
+    return str(o)
+
+  with open(path, "w") as f:
+    json.dump(payload, f, indent=2, default=encode)
+    f.write("\n")
+
+
+def row_of(op: str, system: str, outcome, traffic: traffic_lib.Traffic | None = None,
+           bare=None, portable=None, note: str = "") -> Row:
+  """A Row from a measure.Outcome; ``bare`` / ``portable``: the Outcomes it is compared
+  with (their times, where they did not fail)."""
+  return Row(op=op, system=system, us=outcome.us, error=outcome.error, traffic=traffic,
+             bare_us=bare.us if bare is not None else None,
+             portable_us=portable.us if portable is not None else None, note=note)

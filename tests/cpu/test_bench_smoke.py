@@ -1,0 +1,76 @@
+"""The bench runs end to end under the launcher on 2 CPU processes (portable backend)
+at tiny sizes: tables, JSON with provenance, FAILED rows and the exit status.
+CPU times are noise at these sizes; only the structure is checked."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = ["--tokens", "16", "--hidden", "256", "--num_experts", "8", "--topk", "2",
+        "--num_calls", "2", "--repeats", "1"]
+
+
+def _bench(tmp_path, *flags):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)  # one CPU device per process, as on the GPU machine
+  result = subprocess.run(
+      [sys.executable, "-m", "jax_ep.launch", "-n", "2", "-m", "jax_ep.bench", *flags, *TINY,
+       "--out_dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=300)
+  files = glob.glob(str(tmp_path / "*.json"))
+  assert len(files) == 1, result.stdout[-3000:] + result.stderr[-3000:]
+  with open(files[0]) as f:
+    return result, os.path.basename(files[0]), json.load(f)
+
+
+def _check_provenance(name, data, mode):
+  commit = data["commit"]
+  dirty = "-dirty" if commit["dirty"] else ""
+  assert name == f"{mode}_{data['date'][:10]}_{commit['short']}{dirty}.json"
+  assert data["machine"]["device_count"] == 2 and data["machine"]["process_count"] == 2
+  assert data["machine"]["device_kind"] and data["machine"]["hostname"]
+  assert data["versions"]["jax"] and data["versions"]["jaxlib"]
+  assert data["command"].startswith("python -m jax_ep.launch -n 2 -m jax_ep.bench --mode ")
+
+
+@pytest.mark.parametrize("mode", ["ll", "ht"])
+def test_bench_runs_and_compares_every_system_with_the_bare_exchange(tmp_path, mode):
+  result, name, data = _bench(tmp_path, "--mode", mode)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  _check_provenance(name, data, mode)
+  assert not data["any_failed"]
+  rows = data["rows"]
+  assert not any(r["failed"] for r in rows)
+  bare = {r["op"].split()[2]: r for r in rows if r["op"].startswith("bare all_to_all")}
+  assert set(bare) == {"BF16", "FP8"}
+  moving = [r for r in rows if r["traffic"] is not None and r["system"] != "jax.lax.all_to_all"]
+  assert {r["system"] for r in moving} == {"jax_ep (xla backend)", "all_to_all (portable)"}
+  for r in moving:
+    payload = "FP8" if "FP8" in r["op"] else "BF16"
+    assert r["bare_us"] == bare[payload]["us"], r
+  fp8 = [r for r in rows if r["system"].startswith("jax_ep") and "FP8" in r["op"]]
+  portable_fp8 = [r for r in rows if r["system"] == "all_to_all (portable)" and "FP8" in r["op"]]
+  assert len(fp8) == 1 and fp8[0]["portable_us"] == portable_fp8[0]["us"]
+  assert "[rank 0] op " in result.stdout  # the table
+
+
+def test_a_system_that_cannot_run_is_a_failed_row_and_the_status_says_so(tmp_path):
+  """XLA:CPU has no ragged_all_to_all: both ragged rows fail, with XLA's error, the
+  bare rows still run, and the bench exits non-zero."""
+  result, name, data = _bench(tmp_path, "--mode", "ht", "--ragged")
+  assert result.returncode == 1, result.stdout[-3000:]
+  _check_provenance(name, data, "ht-ragged")
+  rows = {(r["op"], r["system"]): r for r in data["rows"]}
+  for op in ("HT dispatch BF16", "HT combine BF16"):
+    row = rows[op, "ragged_all_to_all"]
+    assert row["failed"] and row["us"] is None and "ragged-all-to-all" in row["error"]
+  assert not rows["bare all_to_all BF16 [R,16,H]", "jax.lax.all_to_all"]["failed"]
+  assert data["any_failed"]
+  failed_lines = [line for line in result.stdout.splitlines()
+                  if line.startswith("[rank 0] HT ") and "FAILED" in line]
+  assert len(failed_lines) == 2
