@@ -36,7 +36,7 @@ namespace {
 constexpr int kBarrierThreads = 1024;
 
 __device__ void set_peer_flag(uint64_t* flags, int me, int pe, uint64_t value) {
-  transport::set_flag(flags + me, value, pe, nullptr, 0);
+  transport::set_flag_pe(flags + me, value, pe, nullptr, 0);
 }
 
 // Waits until flags[pe] carries barrier n with a phase of at least `phase`,

@@ -24,6 +24,7 @@
 namespace jax_ep::cuda {
 
 namespace transport {
+__constant__ int32_t group_pes[kMaxGroupRanks] = {};
 __constant__ uint32_t rdma_only_peers[kRdmaOnlyPeerWords] = {};
 }  // namespace transport
 
@@ -122,14 +123,14 @@ std::string Runtime::GetUniqueId(std::string* uid) {
   return "";
 }
 
-std::string Runtime::Init(int rank, int num_ranks, const std::string& uid, int device) {
+std::string Runtime::Init(int pe, int npes, const std::string& uid, int device) {
   if (!abandoned_why_.empty()) {
     return "jax_ep: this process left NVSHMEM up after a failed teardown (" + abandoned_why_ +
            "); start a new process to use jax_ep again";
   }
   if (initialized_) {
-    if (device != device_ || nvshmem_my_pe() != rank || nvshmem_n_pes() != num_ranks) {
-      return "jax_ep: NVSHMEM is already initialised with another rank/size/device in this process";
+    if (device != device_ || nvshmem_my_pe() != pe || nvshmem_n_pes() != npes) {
+      return "jax_ep: NVSHMEM is already initialised with another PE/size/device in this process";
     }
     return "";
   }
@@ -151,7 +152,7 @@ std::string Runtime::Init(int rank, int num_ranks, const std::string& uid, int d
   nvshmemx_uniqueid_t id;
   std::memcpy(&id, uid.data(), sizeof(id));
   nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
-  if (nvshmemx_set_attr_uniqueid_args(rank, num_ranks, &id, &attr) != 0) {
+  if (nvshmemx_set_attr_uniqueid_args(pe, npes, &id, &attr) != 0) {
     return "jax_ep: nvshmemx_set_attr_uniqueid_args failed";
   }
   // What nvshmemx_init_attr() does, returning the status instead of exiting.
@@ -165,10 +166,10 @@ std::string Runtime::Init(int rank, int num_ranks, const std::string& uid, int d
     return "jax_ep: NVSHMEM initialisation failed (status " + std::to_string(status) +
            "); rerun with NVSHMEM_DEBUG=INFO for details";
   }
-  if (nvshmem_my_pe() != rank || nvshmem_n_pes() != num_ranks) {
+  if (nvshmem_my_pe() != pe || nvshmem_n_pes() != npes) {
     return "jax_ep: NVSHMEM PE " + std::to_string(nvshmem_my_pe()) + " of " +
-           std::to_string(nvshmem_n_pes()) + " does not match EP rank " + std::to_string(rank) +
-           " of " + std::to_string(num_ranks);
+           std::to_string(nvshmem_n_pes()) + " does not match the process's PE " + std::to_string(pe) +
+           " of " + std::to_string(npes);
   }
   device_ = device;
   err = cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device);
@@ -204,9 +205,9 @@ std::string Runtime::Init(int rank, int num_ranks, const std::string& uid, int d
   }
   // The probe is also the bounded barrier's flags (host_barrier.cu): [npes] words.
   probe_ = static_cast<char*>(
-      nvshmem_malloc(AlignUp(std::max<size_t>(kAlign, sizeof(uint64_t) * num_ranks))));
+      nvshmem_malloc(AlignUp(std::max<size_t>(kAlign, sizeof(uint64_t) * npes))));
   if (probe_ == nullptr) return "jax_ep: nvshmem_malloc of the peer probe failed";
-  err = cudaMemset(probe_, 0, sizeof(uint64_t) * num_ranks);
+  err = cudaMemset(probe_, 0, sizeof(uint64_t) * npes);
   if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&barrier_stream_, cudaStreamNonBlocking);
   if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void**>(&barrier_result_), sizeof(int32_t));
   if (err != cudaSuccess) return CudaError("setting up the bounded barrier", err);
@@ -249,11 +250,26 @@ std::string Runtime::SetRdmaOnlyPeers(const std::vector<int>& pes) {
   return "";
 }
 
-std::string Runtime::Allocate(const EpDims& dims, bool low_latency, bool high_throughput,
-                              bool rdma_staging, double timeout_s, int num_sms) {
+std::string Runtime::Allocate(const EpDims& dims, const std::vector<int>& group_pes,
+                              bool low_latency, bool high_throughput, bool rdma_staging,
+                              double timeout_s, int num_sms) {
   if (!initialized_) return "jax_ep: Allocate before Init";
+  if (static_cast<int>(group_pes.size()) != dims.num_ranks ||
+      dims.num_ranks > transport::kMaxGroupRanks || dims.rank < 0 ||
+      dims.rank >= dims.num_ranks || group_pes[dims.rank] != nvshmem_my_pe()) {
+    return "jax_ep: the EP group's PEs do not include this PE at its EP rank " +
+           std::to_string(dims.rank);
+  }
+  for (int pe : group_pes) {
+    if (pe < 0 || pe >= nvshmem_n_pes()) {
+      return "jax_ep: EP group PE " + std::to_string(pe) + " is not a PE of this job";
+    }
+  }
   std::string released = ReleaseBuffers();
   if (!released.empty()) return released;
+  cudaError_t group_err = cudaMemcpyToSymbol(transport::group_pes, group_pes.data(),
+                                             sizeof(int32_t) * group_pes.size());
+  if (group_err != cudaSuccess) return CudaError("cudaMemcpyToSymbol (EP group PEs)", group_err);
   const BufferLayout layout = ComputeLayout(dims, low_latency, high_throughput, rdma_staging);
   size_t free_bytes = 0, total_bytes = 0;
   cudaError_t err = cudaMemGetInfo(&free_bytes, &total_bytes);

@@ -71,18 +71,21 @@ class Runtime {
 
   // 128-byte NVSHMEM unique id (EP rank 0 creates it). Returns "" or an error.
   std::string GetUniqueId(std::string* uid);
-  // Bootstraps NVSHMEM with PE = rank on CUDA device `device`, and registers
-  // this extension's device state. Idempotent.
-  std::string Init(int rank, int num_ranks, const std::string& uid, int device);
+  // Bootstraps NVSHMEM with PE = pe of npes (every process of the job: one PE
+  // each) on CUDA device `device`, and registers this extension's device
+  // state. Idempotent.
+  std::string Init(int pe, int npes, const std::string& uid, int device);
   // P2P (load/store) reachability of every PE from this one (PEs set by
   // SetRdmaOnlyPeers count as unreachable).
   std::vector<bool> ProbePeers() const;
   // Testing only: the kernels treat these PEs as reachable only by RDMA
   // (transport.cuh rdma_only_peers). Call after Init, before Allocate.
   std::string SetRdmaOnlyPeers(const std::vector<int>& pes);
-  // (Re)allocates the symmetric buffers for `dims`. Collective.
-  std::string Allocate(const EpDims& dims, bool low_latency, bool high_throughput,
-                       bool rdma_staging, double timeout_s, int num_sms);
+  // (Re)allocates the symmetric buffers for `dims` (num_ranks and rank: the EP
+  // group's size and this process's EP rank in it); group_pes[r] is the PE of
+  // EP rank r (transport.cuh). Collective over every PE.
+  std::string Allocate(const EpDims& dims, const std::vector<int>& group_pes, bool low_latency,
+                       bool high_throughput, bool rdma_staging, double timeout_s, int num_sms);
   // Frees the symmetric buffers (collective); the transport stays up.
   std::string ReleaseBuffers();
   // Frees everything and finalises NVSHMEM (collective). When a peer does not

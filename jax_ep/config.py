@@ -18,8 +18,10 @@ FALLBACK_POLICIES = ("warn", "error", "allow")
 class EpConfig:
   """Sizes of an expert-parallel MoE exchange; frozen and hashable.
 
-  Rank ``r`` of the ``axis_name`` mesh axis (R ranks) owns the global experts
-  ``[r * E_local, (r + 1) * E_local)`` with ``E_local = num_experts // R``.
+  EP rank ``r`` of an EP group (R ranks) owns the global experts
+  ``[r * E_local, (r + 1) * E_local)`` with ``E_local = num_experts // R``. The
+  EP group spans the ``axis_name`` mesh axes; every coordinate of the other
+  mesh axes is a group of its own (jax_ep/groups.py).
 
   Attributes:
     num_experts: E, global number of experts (a multiple of R).
@@ -27,7 +29,10 @@ class EpConfig:
     max_tokens_per_rank: T, the most tokens any rank passes to one
       high-throughput call (``dispatch``); its receive buffers hold ``R * T`` rows.
     num_topk: K, experts chosen per token.
-    axis_name: the mesh axis the experts are spread over.
+    axis_name: the mesh axis the experts are spread over, or a tuple of axes
+      in mesh order (e.g. ``("context", "expert")``): the EP rank is then the
+      index linearised over them, first axis major, as
+      ``jax.lax.axis_index(axis_name)`` gives it.
     debug_checks: turn out-of-range top-k indices into run-time errors instead
       of treating them as -1 (they are always counted in ``num_invalid``).
     num_sms: streaming multiprocessors the GPU high-throughput kernels may use
@@ -54,7 +59,7 @@ class EpConfig:
   hidden: int
   max_tokens_per_rank: int
   num_topk: int
-  axis_name: str = "ep"
+  axis_name: str | tuple[str, ...] = "ep"
   debug_checks: bool = False
   num_sms: int | None = None
   timeout_s: float = 30.0
@@ -72,8 +77,15 @@ class EpConfig:
     if self.num_topk > self.num_experts:
       raise EpConfigError(
           f"EpConfig.num_topk ({self.num_topk}) cannot exceed num_experts ({self.num_experts})")
-    if not isinstance(self.axis_name, str) or not self.axis_name:
-      raise EpConfigError(f"EpConfig.axis_name must be a mesh axis name, got {self.axis_name!r}")
+    if isinstance(self.axis_name, list):
+      object.__setattr__(self, "axis_name", tuple(self.axis_name))  # hashable
+    names = (self.axis_name,) if isinstance(self.axis_name, str) else self.axis_name
+    if (not isinstance(names, tuple) or not names
+        or any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names)):
+      raise EpConfigError(f"EpConfig.axis_name must be a mesh axis name or a tuple of distinct "
+                          f"axis names, got {self.axis_name!r}")
+    if len(names) == 1 and not isinstance(self.axis_name, str):
+      object.__setattr__(self, "axis_name", names[0])  # ("ep",) and "ep" are one config
     if self.num_sms is not None and (not isinstance(self.num_sms, int) or self.num_sms <= 0):
       raise EpConfigError(f"EpConfig.num_sms must be None or a positive int, got {self.num_sms!r}")
     if (not isinstance(self.timeout_s, (int, float)) or isinstance(self.timeout_s, bool)
@@ -91,6 +103,11 @@ class EpConfig:
           f"EpConfig.fallback must be one of {FALLBACK_POLICIES}, got {self.fallback!r}")
 
   @property
+  def axis_names(self) -> tuple[str, ...]:
+    """The EP axes as a tuple."""
+    return (self.axis_name,) if isinstance(self.axis_name, str) else self.axis_name
+
+  @property
   def ll_max_tokens(self) -> int:
     """T_ll: the token cap of the low-latency ops (resolved default)."""
     if self.low_latency_max_tokens_per_rank is not None:
@@ -101,7 +118,7 @@ class EpConfig:
     """E_local for ``num_ranks`` ranks; raises if E is not a multiple of R."""
     if self.num_experts % num_ranks:
       raise EpConfigError(
-          f"num_experts ({self.num_experts}) must be divisible by the size of mesh axis "
+          f"num_experts ({self.num_experts}) must be divisible by the EP group size of "
           f"{self.axis_name!r} ({num_ranks})")
     return self.num_experts // num_ranks
 

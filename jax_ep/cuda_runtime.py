@@ -1,8 +1,11 @@
 """Start-up of the CUDA backend: one JAX process per GPU, NVSHMEM, symmetric buffers.
 
-Called by ``jax_ep.initialize`` when the CUDA backend is chosen. Every step is
-collective over the EP group; the JAX distributed key-value store carries the
-NVSHMEM unique id and the consistency checks (keys under ``jax_ep/``).
+Called by ``jax_ep.initialize`` when the CUDA backend is chosen. NVSHMEM spans
+every process of the job (PE = jax.process_index()); the mesh's EP groups are
+sets of PEs, and the kernels address peers by EP rank through a per-process
+table of the group's PEs (cuda/transport.cuh). Every step is collective over
+all processes; the JAX distributed key-value store carries the NVSHMEM unique
+id and the consistency checks (keys under ``jax_ep/``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import jax
 from absl import logging
 
 from jax_ep import _extension
+from jax_ep import groups
 from jax_ep.backends.cuda import CudaBackend
 from jax_ep.buffers import buffer_bytes, buffer_bytes_by_family
 from jax_ep.config import EpConfig
@@ -43,6 +47,7 @@ class CudaRuntime:
   rank: int
   rdma_staging: bool
   backend: CudaBackend
+  group: groups.EpGroup
 
   def release_buffers(self) -> None:
     self.module.release_buffers()
@@ -58,23 +63,15 @@ def _client():
   return distributed.global_state.client
 
 
-def _exchange(key: str, value: bytes, rank: int, num_ranks: int) -> list[bytes]:
-  """Every rank publishes ``value``; returns all ranks' values (KV store)."""
-  if num_ranks == 1:
+def _exchange(key: str, value: bytes) -> list[bytes]:
+  """Every process publishes ``value``; returns every process's value (KV store)."""
+  count = jax.process_count()
+  if count == 1:
     return [value]
   client = _client()
-  client.key_value_set_bytes(f"{key}/{rank}", value)
-  return [client.blocking_key_value_get_bytes(f"{key}/{r}", _KV_TIMEOUT_MS)
-          for r in range(num_ranks)]
-
-
-def _ep_rank(mesh: jax.sharding.Mesh, axis: str) -> int:
-  axis_index = mesh.axis_names.index(axis)
-  devices = mesh.devices
-  for position, device in zip(itertools.product(*map(range, devices.shape)), devices.flat):
-    if device.process_index == jax.process_index():
-      return position[axis_index]
-  raise EpError("jax_ep: none of the mesh's devices belongs to this process")
+  client.key_value_set_bytes(f"{key}/{jax.process_index()}", value)
+  return [client.blocking_key_value_get_bytes(f"{key}/{p}", _KV_TIMEOUT_MS)
+          for p in range(count)]
 
 
 def testing_rdma_peers(rank: int, num_ranks: int) -> list[int]:
@@ -94,46 +91,48 @@ def testing_rdma_peers(rank: int, num_ranks: int) -> list[int]:
   return [r for r in ranks if r != rank]
 
 
-def _check_process_model(config: EpConfig, mesh: jax.sharding.Mesh) -> tuple[int, int]:
+def _process_group(config: EpConfig, mesh: jax.sharding.Mesh) -> groups.EpGroup:
+  """This process's EP group: one JAX process per GPU, every process one mesh device."""
   if jax.local_device_count() != 1:
     raise EpError(
         f"jax_ep's CUDA backend needs one JAX process per GPU (NVSHMEM PEs are processes), "
-        f"but this process drives {jax.local_device_count()} devices. Launch with "
-        "`python -m jax_ep.launch -n <num_gpus> your_script.py` (it calls "
-        "jax.distributed.initialize(..., local_device_ids=[rank])), or pass backend='xla'.")
-  num_ranks = mesh.shape[config.axis_name]
-  if num_ranks != jax.process_count() or mesh.devices.size != num_ranks:
+        f"but this process drives {jax.local_device_count()} devices. Start one process per GPU "
+        "(`python -m jax_ep.launch -n <num_gpus> your_script.py`, or jax.distributed.initialize() "
+        "under SLURM / Open MPI with one task per GPU), or pass backend='xla'.")
+  owners = sorted(d.process_index for d in mesh.devices.flat)
+  if owners != list(range(jax.process_count())):
     raise EpError(
-        f"jax_ep's CUDA backend needs the EP axis {config.axis_name!r} to span every process "
-        f"(one GPU each): the mesh has {mesh.devices.size} devices, {num_ranks} on the EP axis, "
-        f"for {jax.process_count()} processes")
+        f"jax_ep's CUDA backend needs the mesh to hold exactly one device of every process (one "
+        f"NVSHMEM PE each): the mesh's {mesh.devices.size} devices belong to processes "
+        f"{sorted(set(owners))} of {jax.process_count()}")
   if "xla_gpu_experimental_enable_nvshmem=true" in os.environ.get("XLA_FLAGS", "").replace(
       " ", "").lower():
     raise EpError(
         "jax_ep starts NVSHMEM itself; remove --xla_gpu_experimental_enable_nvshmem from "
         "XLA_FLAGS (XLA's own NVSHMEM would initialise the same library a second time)")
-  return num_ranks, _ep_rank(mesh, config.axis_name)
+  return groups.group_of(mesh, config.axis_names, jax.local_devices()[0].id)
 
 
-def _bootstrap(module, config: EpConfig, rank: int, num_ranks: int, device: int,
-               generation: int) -> None:
+def _bootstrap(module, config: EpConfig, group_size: int, device: int, generation: int) -> None:
+  """Starts NVSHMEM over every process: PE = jax.process_index()."""
   for key, value in _NVSHMEM_ENV_DEFAULTS.items():
     os.environ.setdefault(key, value)
   # Reserve the first config's buffers up front (the heap can grow later).
   os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE",
-                        str(buffer_bytes(config, num_ranks, rdma_staging=True) + (256 << 20)))
-  if num_ranks > 1 and _client() is None:
+                        str(buffer_bytes(config, group_size, rdma_staging=True) + (256 << 20)))
+  pe, npes = jax.process_index(), jax.process_count()
+  if npes > 1 and _client() is None:
     raise EpError("jax_ep: jax.distributed is not initialised; launch with python -m "
                   "jax_ep.launch (or call jax.distributed.initialize first)")
   key = f"jax_ep/{generation}/nvshmem_uid"
-  if rank == 0:
+  if pe == 0:
     uid = module.get_unique_id()
-    if num_ranks > 1:
+    if npes > 1:
       _client().key_value_set_bytes(key, uid)
   else:
     uid = _client().blocking_key_value_get_bytes(key, _KV_TIMEOUT_MS)
   try:
-    module.init(rank, num_ranks, uid, device)
+    module.init(pe, npes, uid, device)
   except RuntimeError as e:
     raise EpError(str(e)) from None
 
@@ -144,25 +143,29 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
   module = _extension.cuda_module()
   if module is None:
     raise EpError(f"jax_ep's CUDA backend is unavailable: {_extension.cuda_module_status()}")
-  num_ranks, rank = _check_process_model(config, mesh)
+  group = _process_group(config, mesh)
+  num_ranks, rank = group.size, group.rank
   jax.devices()  # JAX's GPU client first: it owns the CUDA primary context
   device = jax.local_devices()[0].local_hardware_id
   generation = next(_generation)
   if previous is None or not module.initialized():
-    _bootstrap(module, config, rank, num_ranks, device, generation)
+    _bootstrap(module, config, num_ranks, device, generation)
 
   forced_rdma = testing_rdma_peers(rank, num_ranks)
-  module.set_rdma_only_peers(forced_rdma)
+  module.set_rdma_only_peers([group.processes[r] for r in forced_rdma])
   if forced_rdma:
     logging.warning("jax_ep TESTING: EP ranks %s are treated as reachable only by RDMA (%s): the "
                     "kernels take their RDMA branch over NVSHMEM's P2P transport. For tests only.",
                     forced_rdma, TESTING_RDMA_PEERS_ENV)
-  configs = _exchange(f"jax_ep/{generation}/config", pickle.dumps(config), rank, num_ranks)
+  configs = _exchange(f"jax_ep/{generation}/config", pickle.dumps(config))
   if any(pickle.loads(c) != config for c in configs):
     others = sorted({repr(pickle.loads(c)) for c in configs})
-    raise EpConfigError(f"jax_ep.initialize: the EP ranks passed different configs: {others}")
-  needs_rdma = b"0" if all(module.probe_peers()) else b"1"
-  rdma_staging = b"1" in _exchange(f"jax_ep/{generation}/rdma", needs_rdma, rank, num_ranks)
+    raise EpConfigError(f"jax_ep.initialize: the processes passed different configs: {others}")
+  # The symmetric heap's layout must be the same on every PE, so RDMA staging is
+  # allocated everywhere as soon as one group needs it.
+  reachable = module.probe_peers()  # by PE
+  needs_rdma = b"0" if all(reachable[pe] for pe in group.processes) else b"1"
+  rdma_staging = b"1" in _exchange(f"jax_ep/{generation}/rdma", needs_rdma)
   if rdma_staging and config.enable_high_throughput:
     raise EpError(
         "jax_ep: the high-throughput kernels need every EP peer reachable by NVLink; some are "
@@ -174,7 +177,7 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
            f"{families['high_throughput'] / 2**30:.2f} GiB for {config.max_tokens_per_rank} "
            "tokens per rank")
   try:
-    module.allocate(num_ranks, rank, config.num_experts, config.hidden,
+    module.allocate(list(group.processes), rank, config.num_experts, config.hidden,
                     config.max_tokens_per_rank, config.ll_max_tokens, config.num_topk,
                     config.enable_low_latency, config.enable_high_throughput, rdma_staging,
                     float(config.timeout_s), int(config.num_sms or 0))
@@ -194,4 +197,4 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
         "jax.config.update('jax_enable_recoverability', True)) before jax.distributed."
         "initialize (docs/reliability.md)")
   return CudaRuntime(module=module, config=config, num_ranks=num_ranks, rank=rank,
-                     rdma_staging=rdma_staging, backend=CudaBackend())
+                     rdma_staging=rdma_staging, backend=CudaBackend(), group=group)

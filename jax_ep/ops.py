@@ -58,7 +58,7 @@ def _prepare(op: str, config: EpConfig) -> tuple[runtime.RuntimeState, int]:
 
 
 def _varying(config: EpConfig, *arrays: jax.Array) -> list[jax.Array]:
-  return match_vma(*arrays, extra_axes=(config.axis_name,))
+  return match_vma(*arrays, extra_axes=config.axis_names)
 
 
 # ====================================================================== layout

@@ -17,6 +17,7 @@ import jax
 from absl import logging
 
 from jax_ep import _extension
+from jax_ep import groups
 from jax_ep import masking
 from jax_ep.backends.xla import XlaBackend
 from jax_ep.config import EpConfig
@@ -31,7 +32,7 @@ class RuntimeState:
 
   Attributes:
     config: the EpConfig the buffers are sized for.
-    num_ranks: size of the EP mesh axis.
+    num_ranks: R, devices per EP group (the product of the EP axes).
     backend: the backend object the ops call ("xla" or "cuda").
     mesh: the mesh given to initialize().
     cuda: the CUDA runtime (NVSHMEM, symmetric buffers) or None.
@@ -81,10 +82,8 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh, *, backend: str | None
   global _state
   if not isinstance(config, EpConfig):
     raise EpConfigError(f"initialize() needs an EpConfig, got {type(config).__name__}")
-  if config.axis_name not in mesh.axis_names:
-    raise EpConfigError(
-        f"EpConfig.axis_name {config.axis_name!r} is not an axis of the mesh {mesh.axis_names}")
-  num_ranks = mesh.shape[config.axis_name]
+  groups.check_axes(mesh, config.axis_names)
+  num_ranks = groups.group_size(mesh, config.axis_names)
   config.experts_per_rank(num_ranks)
   choice = _choose_backend(backend or os.environ.get("JAX_EP_BACKEND", "auto"), mesh)
   previous = _state
@@ -219,7 +218,8 @@ def lowering_only(config: EpConfig, mesh: jax.sharding.Mesh, backend: str = "cud
   backends = {"cuda": CudaBackend, "xla": XlaBackend}
   if backend not in backends:
     raise EpConfigError(f"backend must be one of {sorted(backends)}, got {backend!r}")
-  num_ranks = mesh.shape[config.axis_name]
+  groups.check_axes(mesh, config.axis_names)
+  num_ranks = groups.group_size(mesh, config.axis_names)
   config.experts_per_rank(num_ranks)
   previous = _state
   _state = RuntimeState(config=config, num_ranks=num_ranks, backend=backends[backend](),

@@ -84,18 +84,20 @@ NB_MODULE(_jax_ep_cuda, m) {
     Check(Runtime::Get().GetUniqueId(&uid));
     return nb::bytes(uid.data(), uid.size());
   });
-  m.def("init", [](int rank, int num_ranks, nb::bytes uid, int device) {
-    Check(Runtime::Get().Init(rank, num_ranks, std::string(uid.c_str(), uid.size()), device));
+  m.def("init", [](int pe, int npes, nb::bytes uid, int device) {
+    Check(Runtime::Get().Init(pe, npes, std::string(uid.c_str(), uid.size()), device));
   });
   m.def("probe_peers", []() { return Runtime::Get().ProbePeers(); });
   m.def("set_rdma_only_peers",
         [](const std::vector<int>& pes) { Check(Runtime::Get().SetRdmaOnlyPeers(pes)); });
-  m.def("allocate", [](int num_ranks, int rank, int num_experts, int hidden, int max_tokens,
-                       int ll_max_tokens, int num_topk, bool low_latency, bool high_throughput,
-                       bool rdma_staging, double timeout_s, int num_sms) {
-    Check(Runtime::Get().Allocate(MakeDims(num_ranks, rank, num_experts, hidden, max_tokens,
-                                           ll_max_tokens, num_topk),
-                                  low_latency, high_throughput, rdma_staging, timeout_s, num_sms));
+  // group_pes[r]: the NVSHMEM PE of EP rank r of this process's EP group.
+  m.def("allocate", [](const std::vector<int>& group_pes, int rank, int num_experts, int hidden,
+                       int max_tokens, int ll_max_tokens, int num_topk, bool low_latency,
+                       bool high_throughput, bool rdma_staging, double timeout_s, int num_sms) {
+    Check(Runtime::Get().Allocate(
+        MakeDims(static_cast<int>(group_pes.size()), rank, num_experts, hidden, max_tokens,
+                 ll_max_tokens, num_topk),
+        group_pes, low_latency, high_throughput, rdma_staging, timeout_s, num_sms));
   });
   m.def("release_buffers", []() { Check(Runtime::Get().ReleaseBuffers()); });
   // Returns "" or why NVSHMEM's collective teardown was skipped (a peer did

@@ -76,8 +76,21 @@ def test_experts_not_divisible_by_ranks():
 
 def test_axis_not_in_mesh():
   config = jax_ep.EpConfig(**CONFIG, axis_name="experts")
-  with pytest.raises(jax_ep.EpConfigError, match="not an axis"):
+  with pytest.raises(jax_ep.EpConfigError, match=r"\['experts'\] not among the mesh axes"):
     jax_ep.initialize(config, make_mesh(2))
+
+
+@pytest.mark.parametrize("axis_name", ["", (), ("ep", "ep"), ("ep", 3), 7])
+def test_axis_name_must_be_an_axis_or_a_tuple_of_distinct_axes(axis_name):
+  with pytest.raises(jax_ep.EpConfigError, match="axis_name"):
+    jax_ep.EpConfig(**CONFIG, axis_name=axis_name)
+
+
+def test_axis_name_tuple_of_one_is_the_axis():
+  one = jax_ep.EpConfig(**CONFIG, axis_name=("ep",))
+  assert one == jax_ep.EpConfig(**CONFIG, axis_name="ep") and one.axis_names == ("ep",)
+  both = jax_ep.EpConfig(**CONFIG, axis_name=["context", "expert"])
+  assert both.axis_name == ("context", "expert") and hash(both)
 
 
 def test_call_without_initialize():
