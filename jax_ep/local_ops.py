@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_ep import _extension
-from jax_ep._vma import match_vma, result_type
+from jax_ep._vma import match_vma, result_type, vma_of
 from jax_ep.errors import EpError
 
 I32 = jnp.int32
@@ -33,7 +33,13 @@ def _per_platform(ffi_fn: Callable, jnp_fn: Callable, *args):
     _extension.cpu_module()  # registers the CPU targets
     return ffi_fn(*a)
 
-  return jax.lax.platform_dependent(*args, cpu=on_cpu, default=jnp_fn)
+  def on_other(*a):
+    # The FFI results vary like the inputs (result_type); so must the twin's. jnp
+    # can return constants (e.g. reductions over T_local = 0 tokens), which do not.
+    axes = tuple(sorted(frozenset().union(*(vma_of(x) for x in a))))
+    return jax.tree.map(lambda r: match_vma(r, extra_axes=axes)[0], jnp_fn(*a))
+
+  return jax.lax.platform_dependent(*args, cpu=on_cpu, default=on_other)
 
 
 def _ffi(name: str, results, *args, has_side_effect: bool = False, **attrs):
@@ -79,12 +85,15 @@ def layout(topk_idx: jax.Array, *, num_experts: int, num_ranks: int):
   def jnp_fn(idx):
     valid = (idx >= -1) & (idx < num_experts)
     clean = jnp.where(valid, idx, -1)
-    flat_first = jnp.argmax(~valid.reshape(-1)).astype(I32)
-    any_invalid = ~jnp.all(valid)
-    first_invalid = jnp.where(
-        any_invalid,
-        jnp.stack([flat_first // num_topk, flat_first % num_topk, idx.reshape(-1)[flat_first]]),
-        jnp.array([-1, -1, 0], I32))
+    if idx.size == 0:  # T_local = 0 (argmax of an empty array is undefined)
+      first_invalid = jnp.array([-1, -1, 0], I32)
+    else:
+      flat_first = jnp.argmax(~valid.reshape(-1)).astype(I32)
+      first_invalid = jnp.where(
+          ~jnp.all(valid),
+          jnp.stack([flat_first // num_topk, flat_first % num_topk,
+                     idx.reshape(-1)[flat_first]]),
+          jnp.array([-1, -1, 0], I32))
     first = first_occurrence(clean)
     per_expert = jnp.any((clean[:, :, None] == jnp.arange(num_experts)) & first[:, :, None], axis=1)
     experts_per_rank = num_experts // num_ranks
@@ -311,6 +320,8 @@ def gather_rows(src: jax.Array, index: jax.Array) -> jax.Array:
     return _ffi("jax_ep_cpu_gather_rows", result_type(out_shape, src.dtype, rows), rows, idx)
 
   def jnp_fn(rows, idx):
+    if rows.shape[0] == 0:  # every index is out of range (jnp.take refuses an empty axis)
+      return jnp.zeros(out_shape, src.dtype)
     return jnp.take(rows, _drop_negative(idx, rows.shape[0]), axis=0, mode="fill", fill_value=0)
 
   return _per_platform(ffi_fn, jnp_fn, src, index)
@@ -330,6 +341,8 @@ def gather_reduce(src: jax.Array, index: jax.Array, weights: jax.Array) -> jax.A
     return _ffi("jax_ep_cpu_gather_reduce", result_type(out_shape, src.dtype, rows), rows, idx, w)
 
   def jnp_fn(rows, idx, w):
+    if rows.shape[0] == 0:  # every index is out of range (jnp.take refuses an empty axis)
+      return jnp.zeros(out_shape, src.dtype)
     safe = _drop_negative(idx, rows.shape[0])
     trailing = (1,) * (rows.ndim - 1)
     acc = jnp.zeros(out_shape, F32)

@@ -129,7 +129,7 @@ def combine(y: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
 
 def quantize_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Per-128-channel e4m3 cast: scale = max(amax, 1e-4) / 448."""
-  groups = x.astype(jnp.float32).reshape(x.shape[:-1] + (-1, 128))
+  groups = x.astype(jnp.float32).reshape(x.shape[:-1] + (x.shape[-1] // 128, 128))
   amax = jnp.maximum(jnp.max(jnp.abs(groups), axis=-1, keepdims=True), 1e-4)
   q = (groups * (448.0 / amax)).astype(jnp.float8_e4m3fn).reshape(x.shape)
   return q, (amax / 448.0)[..., 0]

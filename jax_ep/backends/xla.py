@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax_ep import fp8 as fp8_lib
 from jax_ep import local_ops
 from jax_ep import masking
+from jax_ep._vma import match_vma
 from jax_ep.config import EpConfig
 from jax_ep.types import DispatchHandle, LowLatencyHandle
 
@@ -57,6 +58,14 @@ def _live_experts(clean: jax.Array, config: EpConfig) -> jax.Array:
 
 def _num_ranks(config: EpConfig) -> int:
   return jax.lax.axis_size(config.axis_name)
+
+
+def _pick(values: jax.Array, index: jax.Array) -> jax.Array:
+  """values[index] where index >= 0, else 0; values float32[N] (N = 0 when T_local = 0,
+  where every index is -1 and XLA cannot gather from an empty array)."""
+  if values.shape[0] == 0:
+    return match_vma(jnp.zeros(index.shape, values.dtype), values, index)[0]
+  return jnp.where(index >= 0, values[jnp.maximum(index, 0)], 0.0)
 
 
 class XlaBackend:
@@ -236,8 +245,7 @@ class XlaBackend:
     per_pair = jnp.zeros((config.num_experts * num_tokens,), F32).at[slot].add(
         values.astype(F32), mode="drop")
     received = _exchange(per_pair.reshape(num_ranks, -1), axis).reshape(-1)
-    index = self._exchange_index(handle, num_tokens)
-    return jnp.where(index >= 0, received[jnp.maximum(index, 0)], 0.0)
+    return _pick(received, self._exchange_index(handle, num_tokens))
 
   def ll_rows_to_pairs(self, values: jax.Array, topk_idx: jax.Array,
                        handle: LowLatencyHandle) -> jax.Array:
@@ -254,4 +262,4 @@ class XlaBackend:
     returned = _exchange(per_pair.reshape(num_ranks, -1), axis).reshape(-1)
     clean = _live_experts(self.layout(topk_idx, config)[0], config)
     tokens = jnp.arange(num_tokens, dtype=I32)[:, None]
-    return jnp.where(clean >= 0, returned[jnp.maximum(clean * num_tokens + tokens, 0)], 0.0)
+    return _pick(returned, jnp.where(clean >= 0, clean * num_tokens + tokens, -1))

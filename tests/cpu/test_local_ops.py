@@ -124,3 +124,40 @@ def test_check_invalid_raises_on_every_path():
   ok = jax.jit(lambda *a: local_ops.check_invalid(*a, num_experts=8))(
       idx, np.zeros(2, np.int32), first)
   np.testing.assert_array_equal(ok, idx)
+
+
+def test_every_step_with_no_tokens():
+  """T_local = 0: the handlers and the twins agree on the empty and padding results."""
+  idx = np.zeros((0, 3), np.int32)
+  w = np.zeros((0, 3), np.float32)
+  layout, twin = _both(local_ops.layout, idx, num_experts=8, num_ranks=4)
+  _assert_same(layout, twin)
+  np.testing.assert_array_equal(layout[1], 0)
+  np.testing.assert_array_equal(layout[2], [-1, -1, 0])
+  assert layout[5].shape == (0, 4) and not np.any(layout[3]) and not np.any(layout[4])
+  route, twin = _both(local_ops.ht_route, idx, w, np.zeros(4, np.int32), num_experts=8,
+                      capacity=5)
+  _assert_same(route, twin)
+  assert route[0].shape == (4, 0, 3) and route[2].shape == (0, 4)
+  compact, twin = _both(local_ops.ht_compact, route[0], route[1], experts_per_rank=2,
+                        capacity=5)
+  _assert_same(compact, twin)
+  np.testing.assert_array_equal(compact[0], -1)
+  assert int(compact[4]) == 0 and int(compact[5]) == 0
+  _assert_same(*_both(local_ops.ll_route, idx, num_experts=8))
+  ll, twin = _both(local_ops.ll_compact, np.zeros((4, 2, 0), np.int32), rows_per_expert=8)
+  _assert_same(ll, twin)
+  np.testing.assert_array_equal(ll[1], 0)
+  rows = np.zeros((0, 16), jnp.bfloat16)
+  _assert_same(*_both(local_ops.scatter_rows, rows, np.zeros((0, 2), np.int32), num_out_rows=6))
+  gathered, twin = _both(local_ops.gather_rows, rows, np.array([-1, -1], np.int32))
+  _assert_same(gathered, twin)
+  assert gathered.shape == (2, 16) and not np.any(gathered.astype(np.float32))
+  _assert_same(*_both(local_ops.gather_rows, np.ones((3, 16), np.float32),
+                      np.zeros((0,), np.int32)))
+  reduced, twin = _both(local_ops.gather_reduce, rows, np.full((2, 3), -1, np.int32),
+                        np.ones((2, 3), np.float32))
+  _assert_same(reduced, twin)
+  assert reduced.shape == (2, 16) and not np.any(reduced.astype(np.float32))
+  _assert_same(*_both(local_ops.gather_reduce, np.ones((3, 16), np.float32),
+                      np.zeros((0, 2), np.int32), np.zeros((0, 2), np.float32)))
