@@ -65,8 +65,32 @@ def topk_indices(topk_idx: jax.Array, num_tokens: int, config: EpConfig, op: str
         f"jax_ep.{op}: topk_idx dtype {topk_idx.dtype} is not supported; use int32 or int64")
   if topk_idx.dtype == jnp.int32:
     return topk_idx
+  if not jax.config.jax_enable_x64:
+    return _int64_without_x64(topk_idx, op)
   in_range = (topk_idx >= -1) & (topk_idx < config.num_experts)
   return jnp.where(in_range, topk_idx, config.num_experts).astype(jnp.int32)
+
+
+def _int64_without_x64(topk_idx, op: str) -> np.ndarray:
+  """int64 ids while jax_enable_x64 is off: JAX truncates them to int32 (2**32 + 3
+  becomes 3). Arrays passed into jit/shard_map are truncated before jax_ep sees
+  them; what still arrives as int64 is a concrete array closed over by the
+  traced function (or an int64 value made under jax.enable_x64): checked here on
+  the host, and returned as int32 when every value fits."""
+  fix = ("pass int32 ids (values in [-1, E)) or enable x64 "
+         "(jax.config.update('jax_enable_x64', True))")
+  if isinstance(topk_idx, jax.core.Tracer):
+    raise EpConfigError(f"jax_ep.{op}: topk_idx is int64 but jax_enable_x64 is off, so JAX "
+                        f"truncates it to int32; {fix}")
+  values = np.asarray(topk_idx)
+  info = np.iinfo(np.int32)
+  wrong = (values < info.min) | (values > info.max)
+  if np.any(wrong):
+    t, k = (int(i) for i in np.argwhere(wrong)[0])
+    raise EpConfigError(
+        f"jax_ep.{op}: topk_idx[{t}][{k}] = {int(values[t, k])} does not fit int32, and with "
+        f"jax_enable_x64 off JAX would truncate it to {int(values[t, k].astype(np.int32))}; {fix}")
+  return values.astype(np.int32)
 
 
 def topk_weights(weights: jax.Array, num_tokens: int, config: EpConfig, op: str) -> jax.Array:

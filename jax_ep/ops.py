@@ -6,6 +6,18 @@ T = max_tokens_per_rank (T_ll = low_latency_max_tokens_per_rank for the LL ops),
 T_local <= T tokens on this rank, K = num_topk,
 E experts, E_local = E / R, H = hidden, C = HT row capacity (R * T by default).
 
+T_local = 0 is allowed: results keep their static shapes, with nothing
+received (dispatch: C padding rows, num_tokens 0; the LL dispatch: count 0) and
+[0, H] back from the combines. A rank with no tokens while others have some
+passes its tokens with topk_idx -1 (per-shard shapes are equal in shard_map).
+
+Top-k ids: pass int32. int64 ids need ``jax_enable_x64``: without it JAX
+truncates int64 arrays to int32 when they enter jit or shard_map, before
+jax_ep sees them, so 2**32 + 3 becomes expert 3 and is not counted in
+``num_invalid``. Where an int64 array still reaches an op with x64 off (a
+concrete array closed over by the traced function, or an int64 tracer), the op
+raises EpConfigError if a value does not fit int32.
+
 Autodiff (``jax.custom_vjp``): dispatch's backward is a combine of the
 cotangent along the same layout, combine's backward a dispatch along the cached
 layout; the LL ops likewise, including the gradient of ``topk_weights``.
@@ -66,7 +78,8 @@ def get_dispatch_layout(topk_idx: jax.Array, *, config: EpConfig):
   """Counts of this rank's routing, as a dispatch would send it.
 
   Args:
-    topk_idx: int32 (or int64) [T_local, K] in [-1, E); -1 = no expert.
+    topk_idx: int32 [T_local, K] in [-1, E); -1 = no expert (int64 with
+      jax_enable_x64, see the module docstring).
     config: the EpConfig given to initialize().
   Returns:
     (tokens_per_rank int32[R], tokens_per_expert int32[E], is_token_in_rank
@@ -89,8 +102,9 @@ def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfi
     x: [T_local, H] bfloat16/float16/float32 rows, or a pair
       ``(float8_e4m3fn[T_local, H], scales[T_local, H/128])`` (float32 or
       float8_e8m0fnu scales, see jax_ep.fp8.quantize) for an FP8 dispatch.
-    topk_idx: int32 (or int64) [T_local, K] in [-1, E); -1 = no expert. Other
-      values are treated as -1 and counted in ``num_invalid``.
+    topk_idx: int32 [T_local, K] in [-1, E); -1 = no expert. Other values are
+      treated as -1 and counted in ``num_invalid`` (int64 with jax_enable_x64,
+      see the module docstring).
     topk_weights: float [T_local, K] (used as float32).
     config: the EpConfig given to initialize().
     capacity: rows of the result (default R * T). Tokens past it, in (source
@@ -216,8 +230,8 @@ def low_latency_dispatch(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
 
   Args:
     x: [T_local, H] bfloat16 (float16/float32 accepted by the portable backend).
-    topk_idx: int32 (or int64) [T_local, K] in [-1, E). A token choosing the same
-      expert twice sends one row.
+    topk_idx: int32 [T_local, K] in [-1, E) (int64 with jax_enable_x64, see the
+      module docstring). A token choosing the same expert twice sends one row.
     config: the EpConfig given to initialize().
     use_fp8: send float8_e4m3fn rows with per-128-channel scales (jax_ep.fp8).
   Returns:
