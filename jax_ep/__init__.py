@@ -1,17 +1,20 @@
 """jax_ep: expert-parallel MoE dispatch/combine for JAX.
 
-Typical use (one JAX process per GPU on CUDA; any mesh with the portable backend)::
+Typical use (one JAX process per GPU on CUDA; any mesh with the portable
+backend), inside ``jax.shard_map`` over the EP axis; examples/readme_use.py
+(the README's "Use" section) is a complete, tested version::
 
-  config = jax_ep.EpConfig(num_experts=256, hidden=7168, max_tokens_per_rank=4096,
-                           num_topk=8, axis_name="ep")
-  jax_ep.initialize(config, mesh)
+  config = jax_ep.EpConfig(num_experts=32, hidden=256, max_tokens_per_rank=64,
+                           num_topk=4, axis_name="ep")
+  jax_ep.initialize(config, mesh)          # before jit
 
-  @jax.jit
-  @functools.partial(jax.shard_map, mesh=mesh, in_specs=..., out_specs=...)
-  def moe(x, topk_idx, topk_weights):
+  def moe(x, topk_idx, topk_weights):      # per shard: [T, H], int32/f32 [T, K]
     d = jax_ep.dispatch(x, topk_idx, topk_weights, config=config)
-    y = experts(d.x, d.tokens_per_expert) * ...
-    return jax_ep.combine(y, d.handle, config=config)
+    # d.x [R*T, H]: each received token once, in (source rank, source token)
+    # order; d.topk_idx: its local experts (-1 elsewhere). Group (row, expert)
+    # pairs by expert for ragged_dot, weight, and sum back per row.
+    y = expert_mlp(d.x, d.topk_idx, d.topk_weights, w1, w2)
+    return jax_ep.combine(y, d.handle, config=config)   # [T, H], y's dtype
 """
 
 from jax_ep import fp8
