@@ -18,10 +18,10 @@ from __future__ import annotations
 import functools
 import sys
 
-import _cpu_default
+import _devices
 
 if __name__ == "__main__":
-  _cpu_default.use_cpu_devices_without_gpu()
+  _devices.set_up()
 
 from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
