@@ -26,8 +26,7 @@ from jax_ep.ops import (LowLatencyPending, combine, dispatch, get_dispatch_layou
                         low_latency_dispatch, low_latency_dispatch_recv,
                         low_latency_dispatch_send)
 from jax_ep.buffers import buffer_bytes
-from jax_ep.masking import mask_rank, masked_ranks, unmask_all
-from jax_ep.runtime import finalize, initialize, status
+from jax_ep.runtime import finalize, initialize, mask_rank, masked_ranks, status, unmask_all
 from jax_ep.runtime import state as runtime_state
 from jax_ep.types import (DispatchHandle, DispatchResult, LowLatencyDispatchResult,
                           LowLatencyHandle)

@@ -14,13 +14,13 @@ import dataclasses
 import itertools
 import os
 import pickle
+import sys
 
 import jax
 from absl import logging
 
 from jax_ep import _extension
 from jax_ep import groups
-from jax_ep.backends.cuda import CudaBackend
 from jax_ep.buffers import buffer_bytes, buffer_bytes_by_family
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError, EpError
@@ -39,23 +39,63 @@ TESTING_RDMA_PEERS_ENV = "JAX_EP_TESTING_RDMA_PEERS"
 
 @dataclasses.dataclass
 class CudaRuntime:
-  """The CUDA backend's process state (one per process)."""
+  """The CUDA backend's process state (one per process), and the only caller of
+  the compiled module jax_ep._jax_ep_cuda (NVSHMEM, buffers, fault word, mask).
+
+  Attributes:
+    module: the compiled module.
+    config: the EpConfig the buffers are sized for.
+    group: this process's EP group (its PEs, its EP rank).
+    rdma_staging: whether RDMA staging buffers were allocated.
+  """
 
   module: object
   config: EpConfig
-  num_ranks: int
-  rank: int
-  rdma_staging: bool
-  backend: CudaBackend
   group: groups.EpGroup
+  rdma_staging: bool
+
+  @property
+  def num_ranks(self) -> int:
+    return self.group.size
+
+  @property
+  def rank(self) -> int:
+    return self.group.rank
+
+  def status(self) -> dict:
+    """The host-mapped fault word (no GPU sync): code, op, peer, detail, fault_count."""
+    return self.module.status()
+
+  def masked(self) -> list[int]:
+    """EP ranks masked in the kernels' view (host-mapped mirror: set by the host,
+    or by a kernel with mask_on_timeout)."""
+    return self.module.masked()
+
+  def set_masked(self, ranks) -> None:
+    """The kernels' mask: exactly `ranks` from the next call on."""
+    self.module.set_masked(sorted(ranks))
+
+  def probe_peers(self) -> list[bool]:
+    """Load/store reachability of each EP rank of the group."""
+    reachable = self.module.probe_peers()
+    return [reachable[pe] for pe in self.group.processes]
+
+  def read_profile(self) -> dict:
+    """The in-kernel profile (JAX_EP_PROFILE=1 at initialize), read and reset; syncs."""
+    return dict(self.module.read_profile())
 
   def release_buffers(self) -> None:
     self.module.release_buffers()
 
-  def finalize(self) -> str:
-    """Tears the runtime down; returns "" or why the collective teardown was
-    skipped (a peer did not arrive: the process should exit)."""
-    return self.module.finalize()
+
+def finalize(runtime: CudaRuntime | None) -> str:
+  """Tears NVSHMEM down if it is up (also after a switch to the portable
+  backend, when no CudaRuntime is left); returns "" or why the collective
+  teardown was skipped (a peer did not arrive: the process should exit)."""
+  module = runtime.module if runtime is not None else sys.modules.get("jax_ep._jax_ep_cuda")
+  if module is None or not module.initialized():
+    return ""
+  return module.finalize()
 
 
 def _client():
@@ -196,5 +236,4 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
         "dies unless recoverability is on: set JAX_ENABLE_RECOVERABILITY=1 (or "
         "jax.config.update('jax_enable_recoverability', True)) before jax.distributed."
         "initialize (docs/reliability.md)")
-  return CudaRuntime(module=module, config=config, num_ranks=num_ranks, rank=rank,
-                     rdma_staging=rdma_staging, backend=CudaBackend(), group=group)
+  return CudaRuntime(module=module, config=config, group=group, rdma_staging=rdma_staging)

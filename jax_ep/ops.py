@@ -36,13 +36,12 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from jax_ep import _validate
 from jax_ep import local_ops
-from jax_ep import masking
 from jax_ep import runtime
 from jax_ep._vma import match_vma
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError, EpError
 from jax_ep.types import (DispatchHandle, DispatchResult, LowLatencyDispatchResult,
-                          LowLatencyHandle)
+                          LowLatencyHandle, LowLatencySent)
 
 
 def _primal(tree: Any) -> Any:
@@ -56,16 +55,20 @@ def _is_zero(ct: Any) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class _Static:
-  """Static (hashable) arguments of one op call."""
+  """Static (hashable) arguments of one op call: what the runtime state said
+  when it was traced (config, backend, live ranks) and the call's options."""
 
   config: EpConfig
   backend: Any
   capacity: int = 0
   fp8: bool = False
+  live: tuple[bool, ...] = ()
 
 
-def _prepare(op: str, config: EpConfig) -> tuple[runtime.RuntimeState, int]:
-  state = runtime.require(config, op)
+def _prepare(op: str, config: EpConfig,
+             every_rank: bool = False) -> tuple[runtime.RuntimeState, int]:
+  """The runtime state, read once for this trace, and R (checked against the mesh)."""
+  state = runtime.require(config, op, every_rank=every_rank)
   return state, _validate.axis_size(config, state, op)
 
 
@@ -89,8 +92,8 @@ def get_dispatch_layout(topk_idx: jax.Array, *, config: EpConfig):
   idx = _validate.topk_indices(topk_idx, topk_idx.shape[0] if topk_idx.ndim == 2 else -1,
                                config, "get_dispatch_layout")
   (idx,) = _varying(config, idx)
-  _, _, tokens_per_rank, tokens_per_expert, is_token_in_rank = state.backend.layout(idx, config)
-  return tokens_per_rank, tokens_per_expert, is_token_in_rank
+  layout = state.backend.layout(idx, config)
+  return layout.tokens_per_rank, layout.tokens_per_expert, layout.is_token_in_rank
 
 
 # ====================================================================== HT dispatch
@@ -113,8 +116,7 @@ def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfi
     DispatchResult (see jax_ep.types).
   """
   op = "dispatch"
-  state, num_ranks = _prepare(op, config)
-  masking.require_unmasked(op)
+  state, num_ranks = _prepare(op, config, every_rank=True)
   is_fp8 = isinstance(x, (tuple, list))
   if is_fp8:
     num_tokens = _validate.fp8_pair(x, config, op)
@@ -132,12 +134,7 @@ def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfi
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _ht_dispatch(static: _Static, payloads, idx, weights) -> DispatchResult:
-  outs, out_idx, out_w, num_tokens, tokens_per_expert, num_dropped, num_invalid, handle = (
-      static.backend.ht_dispatch(payloads, idx, weights, static.config, static.capacity))
-  return DispatchResult(x=outs[0], scales=outs[1] if static.fp8 else None, topk_idx=out_idx,
-                        topk_weights=out_w, num_tokens=num_tokens,
-                        tokens_per_expert=tokens_per_expert, num_dropped=num_dropped,
-                        num_invalid=num_invalid, handle=handle)
+  return static.backend.ht_dispatch(payloads, idx, weights, static.config, static.capacity)
 
 
 def _ht_dispatch_fwd(static, payloads, idx, weights):
@@ -180,8 +177,7 @@ def combine(y: jax.Array, handle: DispatchHandle, *, config: EpConfig) -> jax.Ar
     y_r[row of t on r], accumulated in float32; zeros for tokens sent nowhere.
   """
   op = "combine"
-  masking.require_unmasked(op)
-  state, _ = _prepare(op, config)
+  state, _ = _prepare(op, config, every_rank=True)
   _check_handle(handle, DispatchHandle, config, op)
   capacity = handle.recv_src.shape[0]
   if y.ndim != 2 or y.shape != (capacity, config.hidden):
@@ -245,15 +241,13 @@ def low_latency_dispatch(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
     raise EpConfigError(f"jax_ep.{op}: use_fp8 needs hidden to be a multiple of 128, "
                         f"got {config.hidden}")
   x, idx = _varying(config, x, idx)
-  return _ll_dispatch(_Static(config=config, backend=state.backend, fp8=bool(use_fp8)), x, idx)
+  return _ll_dispatch(_Static(config=config, backend=state.backend, fp8=bool(use_fp8),
+                              live=state.live_ranks()), x, idx)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _ll_dispatch(static: _Static, x, idx) -> LowLatencyDispatchResult:
-  out, scales, count, num_invalid, handle = static.backend.ll_dispatch(
-      x, idx, static.config, static.fp8)
-  return LowLatencyDispatchResult(x=out, scales=scales, count=count, num_invalid=num_invalid,
-                                  handle=handle)
+  return static.backend.ll_dispatch(x, idx, static.config, static.fp8, static.live)
 
 
 def _ll_dispatch_fwd(static, x, idx):
@@ -347,7 +341,8 @@ def _ll_combine_bwd(static, residuals, ct):
   backend = static.backend
   # Row (t, e) of the cotangent: ct[t] moved exactly like the forward dispatch
   # moved x[t], with the sum of w over the k choosing e beside it (one dispatch).
-  ct_rows, row_weight, _ = backend.ll_dispatch_weighted(ct, idx, weights, static.config)
+  ct_rows, row_weight = backend.ll_dispatch_weighted(ct, idx, weights, static.config,
+                                                     handle.live)
   ct_rows_f32 = _masked_rows(ct_rows, handle).astype(jnp.float32)
   grad_y = (ct_rows_f32 * row_weight[..., None]).astype(y.dtype)
   row_dot = jnp.sum(ct_rows_f32 * _masked_rows(y, handle).astype(jnp.float32), axis=-1)
@@ -366,16 +361,18 @@ _ll_combine.defvjp(_ll_combine_fwd, _ll_combine_bwd, symbolic_zeros=True)
 class _Pending:
   """What a split LL send hands to its recv (a registered pytree)."""
 
-  state: Any          # backend-specific arrays (the ticket on CUDA)
+  sent: LowLatencySent  # which path the send took, and its arrays
   config: EpConfig
   backend: Any
   use_fp8: bool
   num_tokens: int
+  live: tuple[bool, ...] = ()
   handle: Any = None
 
 
-jax.tree_util.register_dataclass(_Pending, data_fields=["state", "handle"],
-                                 meta_fields=["config", "backend", "use_fp8", "num_tokens"])
+jax.tree_util.register_dataclass(_Pending, data_fields=["sent", "handle"],
+                                 meta_fields=["config", "backend", "use_fp8", "num_tokens",
+                                              "live"])
 LowLatencyPending = _Pending
 
 
@@ -406,9 +403,11 @@ def low_latency_dispatch_send(x: jax.Array, topk_idx: jax.Array, *, config: EpCo
     raise EpConfigError(f"jax_ep.{op}: use_fp8 needs hidden to be a multiple of 128")
   x, idx = _varying(config, x, idx)
   backend = state.backend
-  sent = _no_grad(lambda x, i: backend.ll_dispatch_send(x, i, config, bool(use_fp8)), op)(x, idx)
-  return _Pending(state=sent, config=config, backend=backend, use_fp8=bool(use_fp8),
-                  num_tokens=num_tokens)
+  live = state.live_ranks()
+  sent = _no_grad(lambda x, i: backend.ll_dispatch_send(x, i, config, bool(use_fp8), live),
+                  op)(x, idx)
+  return _Pending(sent=sent, config=config, backend=backend, use_fp8=bool(use_fp8),
+                  num_tokens=num_tokens, live=live)
 
 
 def low_latency_dispatch_recv(pending: LowLatencyPending, *,
@@ -420,10 +419,8 @@ def low_latency_dispatch_recv(pending: LowLatencyPending, *,
     raise EpConfigError(f"jax_ep.{op}: pass the result of low_latency_dispatch_send with the "
                         "same config")
   fn = lambda s: pending.backend.ll_dispatch_recv(s, config, pending.use_fp8,  # noqa: E731
-                                                  pending.num_tokens)
-  out, scales, count, num_invalid, handle = _no_grad(fn, op)(pending.state)
-  return LowLatencyDispatchResult(x=out, scales=scales, count=count, num_invalid=num_invalid,
-                                  handle=handle)
+                                                  pending.num_tokens, pending.live)
+  return _no_grad(fn, op)(pending.sent)
 
 
 def low_latency_combine_send(y: jax.Array, handle: LowLatencyHandle, *,
@@ -438,8 +435,8 @@ def low_latency_combine_send(y: jax.Array, handle: LowLatencyHandle, *,
   (y,) = _varying(config, y)
   backend = state.backend
   sent = _no_grad(lambda y, h: backend.ll_combine_send(y, h), op)(y, handle)
-  return _Pending(state=sent, config=config, backend=backend, use_fp8=False,
-                  num_tokens=handle.num_tokens, handle=handle)
+  return _Pending(sent=sent, config=config, backend=backend, use_fp8=False,
+                  num_tokens=handle.num_tokens, live=handle.live, handle=handle)
 
 
 def low_latency_combine_recv(pending: LowLatencyPending, topk_idx: jax.Array,
@@ -455,4 +452,4 @@ def low_latency_combine_recv(pending: LowLatencyPending, topk_idx: jax.Array,
   weights = _validate.topk_weights(topk_weights, num_tokens, config, op)
   idx, weights = _varying(config, idx, weights)
   fn = lambda s, i, w, h: pending.backend.ll_combine_recv(s, i, w, h)  # noqa: E731
-  return _no_grad(fn, op)(pending.state, idx, weights, pending.handle)
+  return _no_grad(fn, op)(pending.sent, idx, weights, pending.handle)

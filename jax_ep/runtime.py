@@ -1,7 +1,12 @@
-"""Process-wide jax_ep state: which backend runs the ops and what it holds.
+"""Process-wide jax_ep state, and its one owner: which backend runs the ops, on
+which mesh and EP groups, for which config, with which ranks masked.
 
 ``initialize(config, mesh)`` is called once before jit (collectively, on every
-process of the mesh); the ops look the state up at trace time.
+process of the mesh); the ops read the state once per trace through
+``require`` and hand the backend everything it needs as arguments (the
+backends keep no state). On CUDA the state includes the CUDA runtime
+(jax_ep/cuda_runtime.py, the only caller of the compiled module), whose device
+view of the rank mask is merged here with the host's.
 """
 
 from __future__ import annotations
@@ -10,8 +15,7 @@ import atexit
 import contextlib
 import dataclasses
 import os
-import sys
-from typing import Any, Optional
+from typing import Optional
 
 import jax
 from absl import logging
@@ -19,6 +23,8 @@ from absl import logging
 from jax_ep import _extension
 from jax_ep import groups
 from jax_ep import masking
+from jax_ep.backends.base import Backend
+from jax_ep.backends.cuda import CudaBackend
 from jax_ep.backends.xla import XlaBackend
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError, EpError
@@ -28,25 +34,36 @@ BACKENDS = ("auto", "xla", "cuda")
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeState:
-  """What initialize() established.
+  """What initialize() established (replaced, never mutated).
 
   Attributes:
     config: the EpConfig the buffers are sized for.
     num_ranks: R, devices per EP group (the product of the EP axes).
-    backend: the backend object the ops call ("xla" or "cuda").
+    backend: the backend the ops call ("xla" or "cuda").
     mesh: the mesh given to initialize().
-    cuda: the CUDA runtime (NVSHMEM, symmetric buffers) or None.
+    cuda: the CUDA runtime (NVSHMEM, symmetric buffers, its EP group) or None.
+    masked: the EP ranks this process masked (jax_ep.mask_rank).
   """
 
   config: EpConfig
   num_ranks: int
-  backend: Any
+  backend: Backend
   mesh: jax.sharding.Mesh
-  cuda: Optional[Any] = None
+  cuda: Optional["cuda_runtime.CudaRuntime"] = None  # noqa: F821 (imported lazily)
+  masked: frozenset[int] = frozenset()
 
   @property
   def backend_name(self) -> str:
     return self.backend.name
+
+  def masked_ranks(self) -> tuple[int, ...]:
+    """Masked EP ranks: by this process, and on CUDA by a kernel (mask_on_timeout)."""
+    on_device = set(self.cuda.masked()) if self.cuda is not None else set()
+    return tuple(sorted(self.masked | on_device))
+
+  def live_ranks(self) -> tuple[bool, ...]:
+    """masking.live_ranks of this state: () when every rank is live."""
+    return masking.live_ranks(self.num_ranks, self.masked_ranks())
 
 
 _state: Optional[RuntimeState] = None
@@ -66,6 +83,13 @@ def _choose_backend(requested: str, mesh: jax.sharding.Mesh) -> str:
   return "xla"
 
 
+def _group_size(config: EpConfig, mesh: jax.sharding.Mesh) -> int:
+  groups.check_axes(mesh, config.axis_names)
+  num_ranks = groups.group_size(mesh, config.axis_names)
+  config.experts_per_rank(num_ranks)
+  return num_ranks
+
+
 def initialize(config: EpConfig, mesh: jax.sharding.Mesh, *, backend: str | None = None) -> None:
   """Prepares jax_ep for ``config`` on ``mesh``; call before jit, on every process.
 
@@ -73,24 +97,22 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh, *, backend: str | None
   "cuda" or "xla"; auto takes the CUDA kernels when the mesh is on GPUs and
   the CUDA extension loads, else the portable XLA backend) and allocates what
   it needs. Idempotent for the same config; a different config re-sizes the
-  backend's buffers (the transport stays up).
+  backend's buffers (the transport stays up). Clears every rank mask.
 
   Raises:
-    EpConfigError: the axis is not in the mesh or E is not a multiple of R.
+    EpConfigError: the axes are not in the mesh or E is not a multiple of R.
     EpError: the chosen backend cannot start (the message says why).
   """
   global _state
   if not isinstance(config, EpConfig):
     raise EpConfigError(f"initialize() needs an EpConfig, got {type(config).__name__}")
-  groups.check_axes(mesh, config.axis_names)
-  num_ranks = groups.group_size(mesh, config.axis_names)
-  config.experts_per_rank(num_ranks)
+  num_ranks = _group_size(config, mesh)
   choice = _choose_backend(backend or os.environ.get("JAX_EP_BACKEND", "auto"), mesh)
   previous = _state
   if (previous is not None and previous.config == config and previous.mesh == mesh
-      and previous.backend_name == choice):
+      and previous.backend_name == choice and not previous.masked_ranks()):
     return
-  masking.unmask_all()  # masks name ranks of the previous set-up
+  unmask_all()  # masks name ranks of the previous set-up
   if choice == "xla":
     if previous is not None and previous.cuda is not None:
       previous.cuda.release_buffers()
@@ -102,27 +124,24 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh, *, backend: str | None
     # old buffers' addresses: drop them before the buffers move.
     jax.clear_caches()
   runtime = cuda_runtime.initialize(config, mesh, previous.cuda if previous else None)
-  _state = RuntimeState(config=config, num_ranks=num_ranks, backend=runtime.backend,
-                        mesh=mesh, cuda=runtime)
+  _state = RuntimeState(config=config, num_ranks=num_ranks, backend=CudaBackend(), mesh=mesh,
+                        cuda=runtime)
 
 
 def finalize() -> None:
   """Releases everything initialize() set up (clears JAX's caches first, since
-  compiled executables refer to the buffers). Safe to call twice."""
+  compiled executables refer to the buffers). Safe to call twice. When an EP
+  peer does not come (it died), NVSHMEM's collective teardown is skipped with a
+  warning instead of waiting for it: the process should then exit."""
   global _state
-  state = _state
-  _state = None
-  masking.unmask_all()
+  unmask_all()
+  state_before, _state = _state, None
   _drop_failed_runtime_tokens()
   jax.clear_caches()
-  module = state.cuda.module if state is not None and state.cuda is not None else None
-  if module is None:
-    # NVSHMEM may still be up after a switch from the CUDA to the XLA backend.
-    module = sys.modules.get("jax_ep._jax_ep_cuda")
-  if module is not None and module.initialized():
-    skipped = module.finalize()
-    if skipped:
-      logging.warning("jax_ep.finalize: %s", skipped)
+  from jax_ep import cuda_runtime  # pylint: disable=import-outside-toplevel
+  skipped = cuda_runtime.finalize(state_before.cuda if state_before is not None else None)
+  if skipped:
+    logging.warning("jax_ep.finalize: %s", skipped)
 
 
 def _drop_failed_runtime_tokens() -> None:
@@ -156,8 +175,12 @@ def state() -> Optional[RuntimeState]:
   return _state
 
 
-def require(config: EpConfig, op: str) -> RuntimeState:
-  """The state for an op call with ``config``; raises a clear error otherwise."""
+def require(config: EpConfig, op: str, *, every_rank: bool = False) -> RuntimeState:
+  """The state for an op call with ``config``; raises a clear error otherwise.
+
+  every_rank: the op needs every EP rank (the HT ops): refused while a rank
+  is masked.
+  """
   if not isinstance(config, EpConfig):
     raise EpConfigError(f"jax_ep.{op}: config= must be an EpConfig, got {type(config).__name__}")
   current = _state
@@ -175,9 +198,52 @@ def require(config: EpConfig, op: str) -> RuntimeState:
     raise EpConfigError(
         f"jax_ep.{op}: jax_ep was initialized with {current.config} but this call uses "
         f"{config}; call jax_ep.initialize(config, mesh) with the config you use")
+  if every_rank and current.masked_ranks():
+    raise EpError(
+        f"jax_ep.{op}: ranks {current.masked_ranks()} are masked; rank masking covers the "
+        "low-latency ops only, and this op needs every EP rank (jax_ep.unmask_all() to lift "
+        "the masks)")
   return current
 
 
+# ---------------------------------------------------------------- rank masking
+def mask_rank(rank: int) -> None:
+  """Masks EP rank ``rank`` (0 <= rank < R) for this process's low-latency ops
+  (semantics: jax_ep/masking.py). Clears JAX's caches: jitted functions
+  retrace with the new mask."""
+  global _state
+  current = _state
+  if current is None:
+    raise EpError("jax_ep.mask_rank: call jax_ep.initialize(config, mesh) first")
+  rank = masking.check_rank(rank, current.num_ranks, "mask_rank")
+  if rank in current.masked:
+    return
+  _state = dataclasses.replace(current, masked=current.masked | {rank})
+  if current.cuda is not None:
+    current.cuda.set_masked(_state.masked_ranks())
+  jax.clear_caches()
+
+
+def masked_ranks() -> tuple[int, ...]:
+  """The ranks this process has masked, ascending (on CUDA, also those a kernel
+  masked on a timeout)."""
+  return _state.masked_ranks() if _state is not None else ()
+
+
+def unmask_all() -> None:
+  """Clears every mask of this process."""
+  global _state
+  current = _state
+  if current is None:
+    return
+  if current.cuda is not None and current.cuda.masked():
+    current.cuda.set_masked(())
+  if current.masked:
+    _state = dataclasses.replace(current, masked=frozenset())
+    jax.clear_caches()
+
+
+# ---------------------------------------------------------------- faults
 # Names of the ops a fault word can point at (cuda/ep_types.h OpCode).
 _OP_NAMES = {1: "low_latency_dispatch", 2: "low_latency_combine",
              3: "dispatch (count exchange)", 4: "dispatch", 5: "combine"}
@@ -196,7 +262,7 @@ def status() -> dict:
   current = _state
   if current is None or current.cuda is None:
     return {"ok": True, "backend": current.backend_name if current else None}
-  raw = current.cuda.module.status()
+  raw = current.cuda.status()
   result = {"ok": raw["code"] == 0, "backend": "cuda",
             "fails_next_execution": _extension.prepare_status_check()["enabled"]}
   if raw["code"]:
@@ -214,13 +280,10 @@ def lowering_only(config: EpConfig, mesh: jax.sharding.Mesh, backend: str = "cud
   cannot run. Restores the previous state on exit.
   """
   global _state
-  from jax_ep.backends.cuda import CudaBackend  # pylint: disable=import-outside-toplevel
   backends = {"cuda": CudaBackend, "xla": XlaBackend}
   if backend not in backends:
     raise EpConfigError(f"backend must be one of {sorted(backends)}, got {backend!r}")
-  groups.check_axes(mesh, config.axis_names)
-  num_ranks = groups.group_size(mesh, config.axis_names)
-  config.experts_per_rank(num_ranks)
+  num_ranks = _group_size(config, mesh)
   previous = _state
   _state = RuntimeState(config=config, num_ranks=num_ranks, backend=backends[backend](),
                         mesh=mesh)

@@ -10,7 +10,7 @@ and C (HT row capacity, ``R * T`` unless ``capacity=`` lowers it). A token's
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 
@@ -77,7 +77,7 @@ class DispatchResult:
   handle: DispatchHandle
 
 
-@_pytree(data=("recv_src", "count"), meta=("config", "num_tokens"))
+@_pytree(data=("recv_src", "count"), meta=("config", "num_tokens", "live"))
 @dataclasses.dataclass(frozen=True)
 class LowLatencyHandle:
   """Layout of one LL dispatch.
@@ -85,15 +85,19 @@ class LowLatencyHandle:
   Attributes:
     recv_src: int32[E_local, R*T_ll]: source id of each row of each local expert,
       -1 at and past ``count``.
-    count: int32[E_local]: rows received per local expert.
+    count: int32[E_local]: rows received per local expert (-1 after a fault:
+      the call's rows are void).
     config: the EpConfig of the dispatch (static).
     num_tokens: T_local of the dispatch (static; decodes source ids).
+    live: which EP ranks were live (not masked) when the dispatch was traced,
+      (): all of them (static; the combine leaves the same ranks out).
   """
 
   recv_src: jax.Array
   count: jax.Array
   config: EpConfig
   num_tokens: int
+  live: tuple[bool, ...] = ()
 
 
 @_pytree(data=("x", "scales", "count", "num_invalid", "handle"))
@@ -118,3 +122,37 @@ class LowLatencyDispatchResult:
   count: jax.Array
   num_invalid: jax.Array
   handle: LowLatencyHandle
+
+
+class Layout(NamedTuple):
+  """One rank's routing, counted (Backend.layout).
+
+  Attributes:
+    clean_idx: int32[T_local, K]: topk_idx with entries outside [-1, E) set to -1.
+    num_invalid: int32[]: the entries outside [-1, E).
+    tokens_per_rank: int32[R]: tokens going to each rank (once per rank).
+    tokens_per_expert: int32[E]: tokens choosing each expert (once per expert).
+    is_token_in_rank: bool[T_local, R].
+  """
+
+  clean_idx: jax.Array
+  num_invalid: jax.Array
+  tokens_per_rank: jax.Array
+  tokens_per_expert: jax.Array
+  is_token_in_rank: jax.Array
+
+
+@_pytree(data=("payload",), meta=("path",))
+@dataclasses.dataclass(frozen=True)
+class LowLatencySent:
+  """What the send half of a split LL op hands its receive half.
+
+  Attributes:
+    path: which path the send took: "kernel" (payload: the device ticket and
+      what the send part returned) or "portable" (payload: the exchange's
+      finished result); the receive half takes the same path.
+    payload: arrays (a pytree) of that path.
+  """
+
+  path: str
+  payload: Any

@@ -23,7 +23,8 @@ from jax_ep._vma import match_vma, result_type
 from jax_ep.backends.xla import XlaBackend
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError
-from jax_ep.types import DispatchHandle, LowLatencyHandle
+from jax_ep.types import (DispatchHandle, DispatchResult, LowLatencyDispatchResult,
+                          LowLatencyHandle, LowLatencySent)
 
 I32 = jnp.int32
 F32 = jnp.float32
@@ -178,7 +179,8 @@ class CudaBackend(XlaBackend):
   name = "cuda"
 
   # ---------------------------------------------------------------- HT
-  def ht_dispatch(self, payloads, topk_idx, topk_weights, config: EpConfig, capacity: int):
+  def ht_dispatch(self, payloads, topk_idx, topk_weights, config: EpConfig,
+                  capacity: int) -> DispatchResult:
     num_ranks = jax.lax.axis_size(config.axis_name)
     why = ht_unsupported(config, num_ranks) or ht_payload_unsupported(payloads, config)
     if why is not None:
@@ -190,7 +192,7 @@ class CudaBackend(XlaBackend):
                                     num_ranks)
 
   def _ht_dispatch_kernel(self, payloads, topk_idx, topk_weights, config: EpConfig,
-                          capacity: int, num_ranks: int):
+                          capacity: int, num_ranks: int) -> DispatchResult:
     x = payloads[0]
     num_tokens = x.shape[0]
     scales = payloads[1] if len(payloads) == 2 else jnp.zeros((num_tokens, 0), F32)
@@ -206,10 +208,12 @@ class CudaBackend(XlaBackend):
      recv_src, send_row) = _call("jax_ep_ht_dispatch", results, x, scales, topk_idx,
                                  topk_weights, capacity=np.int64(capacity),
                                  config=config_attr(config, num_ranks))
-    outs = (out_x, out_scales) if len(payloads) == 2 else (out_x,)
     handle = DispatchHandle(recv_src=recv_src, send_row=send_row, num_tokens=num_kept,
                             config=config)
-    return outs, out_idx, out_w, num_kept, tokens_per_expert, num_dropped, num_invalid, handle
+    return DispatchResult(x=out_x, scales=out_scales if len(payloads) == 2 else None,
+                          topk_idx=out_idx, topk_weights=out_w, num_tokens=num_kept,
+                          tokens_per_expert=tokens_per_expert, num_dropped=num_dropped,
+                          num_invalid=num_invalid, handle=handle)
 
   def ht_dispatch_cached(self, payload: jax.Array, handle: DispatchHandle) -> jax.Array:
     """Combine's backward on the dispatch kernel: [T_local, H] rows along the
@@ -238,9 +242,8 @@ class CudaBackend(XlaBackend):
       return super().ht_dispatch_cached(payload, handle)
     routing = cached_routing(handle.send_row, config)
     weights = jnp.zeros((num_tokens, config.num_topk), F32)
-    (rows,), *_ = self._ht_dispatch_kernel((payload,), routing, weights, config,
-                                           handle.recv_src.shape[0], num_ranks)
-    return rows
+    return self._ht_dispatch_kernel((payload,), routing, weights, config,
+                                    handle.recv_src.shape[0], num_ranks).x
 
   def ht_combine(self, rows: jax.Array, handle: DispatchHandle) -> jax.Array:
     """[C, W] rows (bf16/f16/f32; hidden rows, or e.g. the weights' [C, K]) back
@@ -264,33 +267,35 @@ class CudaBackend(XlaBackend):
     return summed[:, :width] if padded.shape[1] != width else summed
 
   # ---------------------------------------------------------------- LL
-  def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool):
+  # The kernels read the rank mask from device memory (cuda_runtime sets it);
+  # `live` matters only to the portable path and the handles.
+  def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool,
+                  live: tuple[bool, ...] = ()) -> LowLatencyDispatchResult:
     require_low_latency(config, "low_latency_dispatch")
     num_ranks = jax.lax.axis_size(config.axis_name)
     why = ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True)
     if why is not None:
       portable_fallback("low_latency_dispatch", config, *why)
-      return super().ll_dispatch(x, topk_idx, config, use_fp8)
-    out, scales, count, num_invalid, handle, _ = self._ll_dispatch_kernel(
-        x, topk_idx, None, config, use_fp8, num_ranks)
-    return out, scales, count, num_invalid, handle
+      return super().ll_dispatch(x, topk_idx, config, use_fp8, live)
+    result, _ = self._ll_dispatch_kernel(x, topk_idx, None, config, use_fp8, num_ranks, live)
+    return result
 
   def ll_dispatch_weighted(self, x: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
-                           config: EpConfig):
-    """(rows [E_local, R*T_ll, H], row_weights f32[E_local, R*T_ll], handle): one
-    kernel; each pair's weight travels in its header."""
+                           config: EpConfig,
+                           live: tuple[bool, ...] = ()) -> tuple[jax.Array, jax.Array]:
+    """One kernel: each pair's weight travels in its header."""
     require_low_latency(config, "low_latency_combine")
     num_ranks = jax.lax.axis_size(config.axis_name)
     why = ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True)
     if why is not None:
       portable_fallback("low_latency_combine (backward)", config, *why)
-      return super().ll_dispatch_weighted(x, topk_idx, topk_weights, config)
-    out, _, _, _, handle, row_weights = self._ll_dispatch_kernel(
-        x, topk_idx, topk_weights.astype(F32), config, False, num_ranks)
-    return out, row_weights, handle
+      return super().ll_dispatch_weighted(x, topk_idx, topk_weights, config, live)
+    result, row_weights = self._ll_dispatch_kernel(x, topk_idx, topk_weights.astype(F32), config,
+                                                   False, num_ranks, live)
+    return result.x, row_weights
 
   def _ll_dispatch_kernel(self, x, topk_idx, topk_weights, config: EpConfig, use_fp8: bool,
-                          num_ranks: int):
+                          num_ranks: int, live: tuple[bool, ...]):
     if config.debug_checks:
       self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index
     experts_per_rank = config.experts_per_rank(num_ranks)
@@ -304,9 +309,10 @@ class CudaBackend(XlaBackend):
         "jax_ep_ll_dispatch", results, x, topk_idx, weights_in, use_fp8=bool(use_fp8),
         config=config_attr(config, num_ranks))
     handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config,
-                              num_tokens=x.shape[0])
-    return (out, scales if use_fp8 else None, count, num_invalid, handle,
-            row_weights if with_weights else None)
+                              num_tokens=x.shape[0], live=live)
+    result = LowLatencyDispatchResult(x=out, scales=scales if use_fp8 else None, count=count,
+                                      num_invalid=num_invalid, handle=handle)
+    return result, row_weights if with_weights else None
 
   def _recv_results(self, config: EpConfig, num_ranks: int, use_fp8: bool, like: jax.Array):
     experts_per_rank = config.experts_per_rank(num_ranks)
@@ -365,35 +371,38 @@ class CudaBackend(XlaBackend):
 
   # ---------------------------------------------------------------- LL, split for overlap
   def ll_dispatch_send(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig,
-                       use_fp8: bool):
-    """Starts an LL dispatch; returns (num_invalid, ticket) for ll_dispatch_recv."""
+                       use_fp8: bool, live: tuple[bool, ...] = ()) -> LowLatencySent:
+    """Starts an LL dispatch; the kernel path hands (num_invalid, ticket) to the recv."""
     require_low_latency(config, "low_latency_dispatch_send")
     num_ranks = jax.lax.axis_size(config.axis_name)
     why = ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True)
     if why is not None:
       portable_fallback("low_latency_dispatch_send", config, *why)
-      return super().ll_dispatch_send(x, topk_idx, config, use_fp8)
+      return super().ll_dispatch_send(x, topk_idx, config, use_fp8, live)
     if config.debug_checks:
       self.layout(topk_idx, config)
-    return _call("jax_ep_ll_dispatch_send", (result_type((), I32, x), result_type((), I32, x)),
+    sent = _call("jax_ep_ll_dispatch_send", (result_type((), I32, x), result_type((), I32, x)),
                  x, topk_idx, use_fp8=bool(use_fp8), config=config_attr(config, num_ranks))
+    return LowLatencySent(path="kernel", payload=tuple(sent))
 
-  def ll_dispatch_recv(self, pending, config: EpConfig, use_fp8: bool, num_tokens: int):
-    """Finishes an LL dispatch: (x, scales or None, count, num_invalid, handle)."""
-    if not (isinstance(pending, tuple) and len(pending) == 2 and pending[1].ndim == 0):
-      return super().ll_dispatch_recv(pending, config, use_fp8, num_tokens)  # portable send
-    num_invalid, ticket = pending
+  def ll_dispatch_recv(self, sent: LowLatencySent, config: EpConfig, use_fp8: bool,
+                       num_tokens: int, live: tuple[bool, ...] = ()) -> LowLatencyDispatchResult:
+    """Finishes an LL dispatch on the path its send took."""
+    if sent.path == "portable":
+      return super().ll_dispatch_recv(sent, config, use_fp8, num_tokens, live)
+    num_invalid, ticket = sent.payload
     num_ranks = jax.lax.axis_size(config.axis_name)
     out, scales, count, recv_src = _call(
         "jax_ep_ll_dispatch_recv", self._recv_results(config, num_ranks, use_fp8, ticket), ticket,
         use_fp8=bool(use_fp8), num_tokens=np.int64(num_tokens),
         config=config_attr(config, num_ranks))
     handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config,
-                              num_tokens=num_tokens)
-    return out, scales if use_fp8 else None, count, num_invalid, handle
+                              num_tokens=num_tokens, live=live)
+    return LowLatencyDispatchResult(x=out, scales=scales if use_fp8 else None, count=count,
+                                    num_invalid=num_invalid, handle=handle)
 
-  def ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle):
-    """Starts an LL combine; returns what ll_combine_recv needs."""
+  def ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle) -> LowLatencySent:
+    """Starts an LL combine; the kernel path hands its ticket to the recv."""
     config = handle.config
     require_low_latency(config, "low_latency_combine_send")
     num_ranks = jax.lax.axis_size(config.axis_name)
@@ -403,18 +412,19 @@ class CudaBackend(XlaBackend):
     if why is not None:
       portable_fallback("low_latency_combine_send", config, *why)
       return super().ll_combine_send(rows, handle)
-    return _call("jax_ep_ll_combine_send", result_type((), I32, rows), rows, handle.recv_src,
-                 handle.count, num_tokens=np.int64(handle.num_tokens),
-                 config=config_attr(config, num_ranks))
+    ticket = _call("jax_ep_ll_combine_send", result_type((), I32, rows), rows, handle.recv_src,
+                   handle.count, num_tokens=np.int64(handle.num_tokens),
+                   config=config_attr(config, num_ranks))
+    return LowLatencySent(path="kernel", payload=ticket)
 
-  def ll_combine_recv(self, pending, topk_idx: jax.Array, topk_weights: jax.Array,
+  def ll_combine_recv(self, sent: LowLatencySent, topk_idx: jax.Array, topk_weights: jax.Array,
                       handle: LowLatencyHandle) -> jax.Array:
-    if not isinstance(pending, jax.Array) or pending.ndim != 0:
-      return super().ll_combine_recv(pending, topk_idx, topk_weights, handle)
+    if sent.path == "portable":
+      return super().ll_combine_recv(sent, topk_idx, topk_weights, handle)
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
     out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, topk_idx)
-    return _call("jax_ep_ll_combine_recv", out, pending, topk_idx,
+    return _call("jax_ep_ll_combine_recv", out, sent.payload, topk_idx,
                  topk_weights.astype(F32), config=config_attr(config, num_ranks))
 
 

@@ -23,10 +23,10 @@ import jax.numpy as jnp
 
 from jax_ep import fp8 as fp8_lib
 from jax_ep import local_ops
-from jax_ep import masking
 from jax_ep._vma import match_vma
 from jax_ep.config import EpConfig
-from jax_ep.types import DispatchHandle, LowLatencyHandle
+from jax_ep.types import (DispatchHandle, DispatchResult, Layout, LowLatencyDispatchResult,
+                          LowLatencyHandle, LowLatencySent)
 
 I32 = jnp.int32
 F32 = jnp.float32
@@ -46,12 +46,12 @@ def _kept_slots(handle: DispatchHandle) -> jax.Array:
   return jnp.where(handle.send_row >= 0, slots, -1)
 
 
-def _live_experts(clean: jax.Array, config: EpConfig) -> jax.Array:
-  """Top-k ``clean`` (already in [-1, E)) with experts of masked ranks set to -1."""
-  num_ranks = _num_ranks(config)
-  live = masking.live_ranks_mask(num_ranks)
-  if live.all():
+def _live_experts(clean: jax.Array, config: EpConfig, live: tuple[bool, ...]) -> jax.Array:
+  """Top-k ``clean`` (already in [-1, E)) with experts of masked ranks set to -1
+  (live: masking.live_ranks, () = every rank live)."""
+  if not live or all(live):
     return clean
+  num_ranks = _num_ranks(config)
   owner_live = jnp.asarray(live)[jnp.maximum(clean, 0) // config.experts_per_rank(num_ranks)]
   return jnp.where(owner_live, clean, -1)
 
@@ -69,17 +69,14 @@ def _pick(values: jax.Array, index: jax.Array) -> jax.Array:
 
 
 class XlaBackend:
-  """Stateless portable implementation of the backend interface."""
+  """Stateless portable implementation of the backend interface (backends/base.py)."""
 
   name = "xla"
 
   # ---------------------------------------------------------------- layout
-  def layout(self, topk_idx: jax.Array, config: EpConfig):
-    """(clean_idx, num_invalid, tokens_per_rank, tokens_per_expert, is_token_in_rank).
-
-    With ``config.debug_checks`` every rank fails (at run time) when any rank
-    has an index outside [-1, E).
-    """
+  def layout(self, topk_idx: jax.Array, config: EpConfig) -> Layout:
+    """With ``config.debug_checks`` every rank fails (at run time) when any rank
+    has an index outside [-1, E)."""
     clean, num_invalid, first_invalid, tokens_per_rank, tokens_per_expert, is_token_in_rank = (
         local_ops.layout(topk_idx, num_experts=config.num_experts, num_ranks=_num_ranks(config)))
     if config.debug_checks:
@@ -87,13 +84,11 @@ class XlaBackend:
       clean = local_ops.check_invalid(clean, jax.lax.all_gather(num_invalid, axis),
                                       jax.lax.all_gather(first_invalid, axis),
                                       num_experts=config.num_experts)
-    return clean, num_invalid, tokens_per_rank, tokens_per_expert, is_token_in_rank
+    return Layout(clean, num_invalid, tokens_per_rank, tokens_per_expert, is_token_in_rank)
 
   # ---------------------------------------------------------------- HT
   def ht_dispatch(self, payloads: tuple[jax.Array, ...], topk_idx: jax.Array,
-                  topk_weights: jax.Array, config: EpConfig, capacity: int):
-    """Returns (payloads_out, out_idx, out_w, num_tokens, tokens_per_expert,
-    num_dropped, num_invalid, handle)."""
+                  topk_weights: jax.Array, config: EpConfig, capacity: int) -> DispatchResult:
     axis = config.axis_name
     num_ranks = _num_ranks(config)
     num_tokens = topk_idx.shape[0]
@@ -116,8 +111,10 @@ class XlaBackend:
           received.reshape((num_ranks * num_tokens,) + payload.shape[1:]), recv_src))
     handle = DispatchHandle(recv_src=recv_src, send_row=send_row, num_tokens=num_kept,
                             config=config)
-    return (tuple(outs), out_idx, out_w, num_kept, tokens_per_expert, num_dropped, num_invalid,
-            handle)
+    return DispatchResult(x=outs[0], scales=outs[1] if len(outs) > 1 else None, topk_idx=out_idx,
+                          topk_weights=out_w, num_tokens=num_kept,
+                          tokens_per_expert=tokens_per_expert, num_dropped=num_dropped,
+                          num_invalid=num_invalid, handle=handle)
 
   def ht_dispatch_cached(self, payload: jax.Array, handle: DispatchHandle) -> jax.Array:
     """Moves [T_local, ...] rows along a previous dispatch's layout -> [C, ...]."""
@@ -140,19 +137,18 @@ class XlaBackend:
         jnp.ones(index.shape, F32))
 
   # ---------------------------------------------------------------- LL
-  def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool):
-    """Returns (x_out [E_local, R*T_ll, H], scales or None, count, num_invalid, handle)."""
+  def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool,
+                  live: tuple[bool, ...] = ()) -> LowLatencyDispatchResult:
     axis = config.axis_name
     num_ranks = _num_ranks(config)
     experts_per_rank = config.experts_per_rank(num_ranks)
     num_tokens = topk_idx.shape[0]
     rows_per_expert = num_ranks * config.ll_max_tokens
     clean, num_invalid, _, _, _ = self.layout(topk_idx, config)
-    clean = _live_experts(clean, config)
+    clean = _live_experts(clean, config, live)
     send_slot, send_mask = local_ops.ll_route(clean, num_experts=config.num_experts)
     recv_mask = _exchange(send_mask.reshape(num_ranks, experts_per_rank * num_tokens), axis)
-    live = masking.live_ranks_mask(num_ranks)
-    if not live.all():  # nothing is received from a masked source
+    if live and not all(live):  # nothing is received from a masked source
       recv_mask = recv_mask & jnp.asarray(live)[:, None]
     recv_src, count, gather_index = local_ops.ll_compact(
         recv_mask.reshape(num_ranks, experts_per_rank, num_tokens),
@@ -168,27 +164,31 @@ class XlaBackend:
           received.reshape((-1,) + row_shape), gather_index.reshape(-1))
       outs.append(gathered.reshape((experts_per_rank, rows_per_expert) + row_shape))
     handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config,
-                              num_tokens=num_tokens)
-    scales = outs[1] if use_fp8 else None
-    return outs[0], scales, count, num_invalid, handle
+                              num_tokens=num_tokens, live=live)
+    return LowLatencyDispatchResult(x=outs[0], scales=outs[1] if use_fp8 else None, count=count,
+                                    num_invalid=num_invalid, handle=handle)
 
   # Split LL ops: the portable exchange is one all_to_all, so the dispatch
   # happens in its send half and the combine in its recv half.
   def ll_dispatch_send(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig,
-                       use_fp8: bool):
-    return self.ll_dispatch(x, topk_idx, config, use_fp8)
+                       use_fp8: bool, live: tuple[bool, ...] = ()) -> LowLatencySent:
+    return LowLatencySent(path="portable",
+                          payload=XlaBackend.ll_dispatch(self, x, topk_idx, config, use_fp8, live))
 
-  def ll_dispatch_recv(self, pending, config: EpConfig, use_fp8: bool, num_tokens: int):
-    del config, use_fp8, num_tokens
-    return pending
+  def ll_dispatch_recv(self, sent: LowLatencySent, config: EpConfig, use_fp8: bool,
+                       num_tokens: int, live: tuple[bool, ...] = ()) -> LowLatencyDispatchResult:
+    del config, use_fp8, num_tokens, live
+    assert sent.path == "portable", sent.path
+    return sent.payload
 
-  def ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle):
+  def ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle) -> LowLatencySent:
     del handle
-    return rows
+    return LowLatencySent(path="portable", payload=rows)
 
-  def ll_combine_recv(self, pending, topk_idx: jax.Array, topk_weights: jax.Array,
+  def ll_combine_recv(self, sent: LowLatencySent, topk_idx: jax.Array, topk_weights: jax.Array,
                       handle: LowLatencyHandle) -> jax.Array:
-    return self.ll_combine(pending, topk_idx, topk_weights, handle)
+    assert sent.path == "portable", sent.path
+    return XlaBackend.ll_combine(self, sent.payload, topk_idx, topk_weights, handle)
 
   def ll_combine(self, rows: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
                  handle: LowLatencyHandle) -> jax.Array:
@@ -196,7 +196,7 @@ class XlaBackend:
     config = handle.config
     num_tokens = topk_idx.shape[0]
     returned = self._return_rows(rows, handle, num_tokens)  # [E * T_local, H]
-    clean = _live_experts(self.layout(topk_idx, config)[0], config)
+    clean = _live_experts(self.layout(topk_idx, config).clean_idx, config, handle.live)
     tokens = jnp.arange(num_tokens, dtype=I32)[:, None]
     index = jnp.where(clean >= 0, clean * num_tokens + tokens, -1)
     weights = jnp.where(clean >= 0, topk_weights, 0.0).astype(F32)
@@ -223,12 +223,10 @@ class XlaBackend:
     return returned.reshape((-1,) + row_shape)
 
   def ll_dispatch_weighted(self, x: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
-                           config: EpConfig):
-    """(rows [E_local, R*T_ll, ...], row_weights f32[E_local, R*T_ll], handle): an LL
-    dispatch of x whose every received row (t, e) also carries the sum of
-    topk_weights[t, k] over the k choosing e (0 past count)."""
-    out, _, _, _, handle = self.ll_dispatch(x, topk_idx, config, False)
-    return out, self.ll_pairs_to_rows(topk_weights, topk_idx, handle), handle
+                           config: EpConfig,
+                           live: tuple[bool, ...] = ()) -> tuple[jax.Array, jax.Array]:
+    result = XlaBackend.ll_dispatch(self, x, topk_idx, config, False, live)
+    return result.x, self.ll_pairs_to_rows(topk_weights, topk_idx, result.handle)
 
   # LL backward helpers: small per-(token, expert) values, plain jnp + all_to_all.
   def ll_pairs_to_rows(self, values: jax.Array, topk_idx: jax.Array,
@@ -239,7 +237,7 @@ class XlaBackend:
     axis = config.axis_name
     num_tokens = topk_idx.shape[0]
     num_ranks = _num_ranks(config)
-    clean = _live_experts(self.layout(topk_idx, config)[0], config)
+    clean = _live_experts(self.layout(topk_idx, config).clean_idx, config, handle.live)
     tokens = jnp.arange(num_tokens, dtype=I32)[:, None]
     slot = jnp.where(clean >= 0, clean * num_tokens + tokens, config.num_experts * num_tokens)
     per_pair = jnp.zeros((config.num_experts * num_tokens,), F32).at[slot].add(
@@ -260,6 +258,6 @@ class XlaBackend:
     per_pair = jnp.zeros((size,), F32).at[jnp.where(index >= 0, index, size)].set(
         values.astype(F32), mode="drop")
     returned = _exchange(per_pair.reshape(num_ranks, -1), axis).reshape(-1)
-    clean = _live_experts(self.layout(topk_idx, config)[0], config)
+    clean = _live_experts(self.layout(topk_idx, config).clean_idx, config, handle.live)
     tokens = jnp.arange(num_tokens, dtype=I32)[:, None]
     return _pick(returned, jnp.where(clean >= 0, clean * num_tokens + tokens, -1))

@@ -15,25 +15,25 @@ import jax_ep
 ENV = "JAX_EP_PROFILE"
 
 
-def _module():
+def _cuda():
   cuda = jax_ep.runtime_state().cuda
-  return cuda.module if cuda is not None and os.environ.get(ENV) == "1" else None
+  return cuda if cuda is not None and os.environ.get(ENV) == "1" else None
 
 
 def enabled() -> bool:
   """Whether the CUDA kernels run and JAX_EP_PROFILE=1 asks for their profile."""
-  return _module() is not None
+  return _cuda() is not None
 
 
 def reset() -> None:
   """Zeroes the counters (reading them does)."""
-  _module().read_profile()
+  _cuda().read_profile()
 
 
 def read() -> dict:
   """{kernel: {calls, kernel_us, wait_us[, gap_after_send_us]}} since the last reset,
   plus "timeline_us" (HT dispatch step medians) where the HT dispatch ran."""
-  profile = dict(_module().read_profile())
+  profile = _cuda().read_profile()
   trace = profile.pop("ht_trace", None)
   if trace is not None:
     profile["timeline_us"] = timeline(trace)

@@ -228,14 +228,16 @@ def test_dispatch_is_deterministic_in_source_order():
 
 
 @pytest.mark.parametrize("capacity", [None, 1, 5, 13])
-def test_cached_routing_places_rows_like_the_cached_dispatch(capacity):
+@pytest.mark.parametrize("k", [4, 2, 1])
+def test_cached_routing_places_rows_like_the_cached_dispatch(capacity, k):
   """The CUDA combine backward dispatches along a synthetic routing
   (backends/cuda.cached_routing): checked here with the portable dispatch
-  against the portable cached dispatch, capacity drops included."""
+  against the portable cached dispatch, capacity drops included, and for
+  R = 4 > K (each token's kept ranks fill its first entries)."""
   from jax_ep.backends.cuda import cached_routing  # pylint: disable=import-outside-toplevel
   from jax_ep.backends.xla import XlaBackend  # pylint: disable=import-outside-toplevel
-  rng = np.random.default_rng(40 + (capacity or 0))
-  num_ranks, e, k, t = 4, 16, 4, 8
+  rng = np.random.default_rng(40 + (capacity or 0) + 100 * k)
+  num_ranks, e, t = 4, 16, 8
   config, mesh = setup(num_ranks, num_experts=e, hidden=16, max_tokens_per_rank=t, num_topk=k)
   x = random_rows(rng, (num_ranks * t, 16), jnp.float32)
   g = random_rows(rng, (num_ranks * t, 16), jnp.float32)
@@ -249,9 +251,9 @@ def test_cached_routing_places_rows_like_the_cached_dispatch(capacity):
     cached = backend.ht_dispatch_cached(g, handle)
     routing = cached_routing(handle.send_row, config)
     zeros = jnp.zeros(routing.shape, jnp.float32)
-    (rows,), _, _, kept, _, _, _, synthetic = backend.ht_dispatch((g,), routing, zeros, config,
-                                                                  cap)
-    return cached, rows, handle.num_tokens, kept, handle.recv_src, synthetic.recv_src
+    synthetic = backend.ht_dispatch((g,), routing, zeros, config, cap)
+    return (cached, synthetic.x, handle.num_tokens, synthetic.num_tokens, handle.recv_src,
+            synthetic.handle.recv_src)
 
   cached, rows, kept, synthetic_kept, recv_src, synthetic_recv_src = run_per_shard(
       fn, mesh, x, g, idx, w)

@@ -42,7 +42,7 @@ def _ops(config, idx_fn):
     return jax_ep.low_latency_dispatch(x, idx_fn(i), config=config).num_invalid
 
   def ll_send(x, i, w):
-    return jax_ep.low_latency_dispatch_send(x, idx_fn(i), config=config).state[3]
+    return jax_ep.low_latency_dispatch_send(x, idx_fn(i), config=config).sent.payload.num_invalid
 
   def ll_combine(x, i, w):
     d = jax_ep.low_latency_dispatch(x, i, config=config)

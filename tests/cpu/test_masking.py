@@ -146,10 +146,10 @@ def test_mask_api_errors():
 def test_ht_ops_refuse_a_rank_masked_by_a_kernel(monkeypatch):
   """On CUDA, mask_on_timeout masks a rank in device memory, not through
   mask_rank; the HT ops must refuse that too (simulated here: the kernels'
-  mask is what masked_ranks() reads on CUDA)."""
-  from jax_ep import masking  # pylint: disable=import-outside-toplevel
+  mask is what the runtime state's merged view, masked_ranks(), reads on CUDA)."""
+  from jax_ep import runtime  # pylint: disable=import-outside-toplevel
   config, mesh = setup(2, num_experts=4, hidden=128, max_tokens_per_rank=2, num_topk=2)
-  monkeypatch.setattr(masking, "masked_ranks", lambda: (1,))
+  monkeypatch.setattr(runtime.RuntimeState, "masked_ranks", lambda self: (1,))
   x = np.zeros((4, 128), jnp.bfloat16)
   idx = np.zeros((4, 2), np.int32)
   w = np.ones((4, 2), np.float32)

@@ -33,9 +33,9 @@ def test_probe_reports_the_forced_peers_as_rdma_only():
   jax_ep.initialize(config, _mesh())
   state = jax_ep.runtime_state()
   assert state.cuda is not None and state.cuda.rdma_staging
-  reachable = state.cuda.module.probe_peers()
-  assert reachable[rank()]  # a PE always reaches itself
-  assert not any(reachable[r] for r in range(jax.process_count()) if r != rank())
+  reachable = state.cuda.probe_peers()  # by EP rank
+  assert reachable[state.cuda.rank]  # a PE always reaches itself
+  assert not any(reachable[r] for r in range(len(reachable)) if r != state.cuda.rank)
 
 
 def test_high_throughput_needs_every_peer_on_nvlink():
