@@ -4,8 +4,11 @@ Also ``python -m jax_ep.launch -n N -m module [args]`` (e.g. ``-m pytest tests/g
 
 Each child gets one GPU and the environment jax_ep needs (NVSHMEM without
 NVLink multicast or remote transport, no XLA preallocation, the coordinator
-address); it calls :func:`initialize_distributed_from_env` (jax_ep's ops and
-examples do) to join ``jax.distributed`` with ``local_device_ids=[rank]``.
+address). ``--devices 0,0,...`` puts several processes on one GPU (NVSHMEM
+runs them all there; XLA collectives cannot run) and sets
+``JAX_EP_GPUS_SHARED=1`` in every child ("0" otherwise). A child calls
+:func:`initialize_distributed_from_env` (jax_ep's ops and examples do) to join
+``jax.distributed`` with ``local_device_ids=[rank]``.
 Output lines are prefixed with the rank. When one child fails, the others are
 stopped and the launcher exits with the failing child's status.
 """
@@ -28,6 +31,10 @@ ENV_RANK = "JAX_EP_RANK"
 ENV_NUM_PROCESSES = "JAX_EP_NUM_PROCESSES"
 ENV_COORDINATOR = "JAX_EP_COORDINATOR"
 ENV_DEVICE = "JAX_EP_DEVICE"
+# "1" when --devices names a GPU more than once (several processes share it:
+# NVSHMEM runs, XLA collectives cannot, since NCCL refuses two ranks on one
+# GPU); "0" otherwise.
+ENV_GPUS_SHARED = "JAX_EP_GPUS_SHARED"
 
 # Set for every child unless the caller already set them. NVLink multicast
 # (NVLS) must stay off on shared machines; with one node no remote transport
@@ -115,7 +122,8 @@ def _pump(rank: int, stream, out, lock: threading.Lock) -> None:
       out.flush()
 
 
-def child_env(rank: int, num_processes: int, coordinator: str, device: int) -> dict[str, str]:
+def child_env(rank: int, num_processes: int, coordinator: str, device: int,
+              gpus_shared: bool = False) -> dict[str, str]:
   env = dict(os.environ)
   for key, value in CHILD_ENV_DEFAULTS.items():
     if key in ALWAYS:
@@ -123,7 +131,8 @@ def child_env(rank: int, num_processes: int, coordinator: str, device: int) -> d
     else:
       env.setdefault(key, value)
   env.update({ENV_LAUNCHED: "1", ENV_RANK: str(rank), ENV_NUM_PROCESSES: str(num_processes),
-              ENV_COORDINATOR: coordinator, ENV_DEVICE: str(device)})
+              ENV_COORDINATOR: coordinator, ENV_DEVICE: str(device),
+              ENV_GPUS_SHARED: "1" if gpus_shared else "0"})
   return env
 
 
@@ -139,11 +148,12 @@ def run(command: list[str], num_processes: int, port: int = 0,
   if len(devices) != num_processes:
     raise ValueError(f"{num_processes} processes need {num_processes} devices, got {devices}")
   coordinator = f"127.0.0.1:{port or _free_port()}"
+  gpus_shared = len(set(devices)) < len(devices)
   lock = threading.Lock()
   procs, pumps = [], []
   for rank in range(num_processes):
     proc = subprocess.Popen(command, env=child_env(rank, num_processes, coordinator,
-                                                   devices[rank]),
+                                                   devices[rank], gpus_shared),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     procs.append(proc)

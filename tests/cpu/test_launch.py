@@ -63,3 +63,18 @@ def test_keep_going_lets_the_survivors_finish(tmp_path):
   assert "rank 1 exited with status -9" in result.stdout, result.stdout
   for rank in (0, 2):
     assert f"[rank {rank}] survivor done {rank}" in result.stdout, result.stdout
+
+
+def test_repeated_devices_mark_the_gpus_shared(tmp_path):
+  """--devices 0,0 puts both processes on GPU 0: children learn it from
+  JAX_EP_GPUS_SHARED (the GPU tests skip what needs an XLA collective)."""
+  script = _script(tmp_path, "print('shared', os.environ['JAX_EP_GPUS_SHARED'], "
+                             "os.environ['JAX_EP_DEVICE'])\n")
+  env = dict(os.environ, JAX_EP_GPUS_SHARED="1")  # the launcher decides, not the caller
+  for devices, shared in (("0,0", "1"), ("0,1", "0"), (None, "0")):
+    args = ["-n", "2"] + (["--devices", devices] if devices else []) + [script]
+    result = subprocess.run(LAUNCH + args, capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(2):
+      device = devices.split(",")[rank] if devices else str(rank)
+      assert f"[rank {rank}] shared {shared} {device}" in result.stdout, (devices, result.stdout)
