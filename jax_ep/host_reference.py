@@ -244,26 +244,39 @@ def ht_dispatch(x: Payload, topk_idx: np.ndarray, topk_weights: np.ndarray, conf
                     recv_src=recv_src, send_row=send_row)
 
 
+def ht_combine_terms(y: np.ndarray, layout: HtDispatch):
+  """The terms of every rank's HT combine, in summation order.
+
+  Returns:
+    [(valid bool[R, T, 1...], value float32 (float64 for float64 y)
+    [R, T, ...]) for d = 0..R-1]: the copy of token (s, t) on rank d.
+  """
+  y = np.asarray(y)
+  acc_dtype = np.float64 if y.dtype == np.float64 else F32
+  send_row = layout.send_row
+  trailing = (1,) * (y.ndim - 2)
+  return [((send_row[:, :, d] >= 0).reshape(send_row.shape[:2] + trailing),
+           y[d][np.maximum(send_row[:, :, d], 0)].astype(acc_dtype))
+          for d in range(send_row.shape[0])]
+
+
 def ht_combine(y: np.ndarray, layout: HtDispatch) -> np.ndarray:
   """Every rank's HT combine.
 
   Args:
     y: [R, C, ...] float (bf16/f16/f32), row i of rank d computed from that
-      rank's dispatched row i; padding rows are ignored.
+      rank's dispatched row i; padding rows are ignored. float64 (exact
+      host-side values, e.g. for bounds) accumulates in float64.
   Returns:
     [R, T, ...] of y's dtype: out[s, t] = sum over d = 0..R-1 with
     send_row[s, t, d] >= 0 of float32(y[d, send_row[s, t, d]]), accumulated
     in float32 from +0.0 in that order, cast once; zeros for tokens sent nowhere.
   """
   y = np.asarray(y)
-  send_row = layout.send_row
-  num_ranks = send_row.shape[0]
-  trailing = (1,) * (y.ndim - 2)
-  acc = np.zeros(send_row.shape[:2] + y.shape[2:], F32)
-  for d in range(num_ranks):
-    rows = send_row[:, :, d]
-    contribution = y[d][np.maximum(rows, 0)].astype(F32)
-    acc = np.where((rows >= 0).reshape(rows.shape + trailing), acc + contribution, acc)
+  terms = ht_combine_terms(y, layout)
+  acc = np.zeros(terms[0][1].shape, terms[0][1].dtype)
+  for valid, value in terms:
+    acc = np.where(valid, acc + value, acc)
   return acc.astype(y.dtype)
 
 
@@ -363,6 +376,25 @@ def _ll_pick(y: np.ndarray, layout: LlDispatch, clean_k: np.ndarray) -> np.ndarr
   return blocks[expert, row].astype(F32)
 
 
+def ll_combine_terms(y: np.ndarray, topk_idx: np.ndarray, topk_weights: np.ndarray,
+                     layout: LlDispatch):
+  """The terms of every rank's LL combine, in summation order.
+
+  Returns:
+    [(valid bool[R, T, 1...], value float32[R, T, ...]) for k = 0..K-1]:
+    float32(w[s, t, k]) * float32(row of (t, e_k)), the product rounded to
+    float32; valid where entry k is in [0, E).
+  """
+  y = np.asarray(y)
+  clean, _ = clean_topk(topk_idx, layout.row_of.shape[2])
+  weights = np.asarray(topk_weights).astype(F32)
+  trailing = (1,) * (y.ndim - 3)
+  shape = clean.shape[:2] + trailing
+  return [((clean[:, :, k] >= 0).reshape(shape),
+           weights[:, :, k].reshape(shape) * _ll_pick(y, layout, clean[:, :, k]))
+          for k in range(clean.shape[2])]
+
+
 def ll_combine(y: np.ndarray, topk_idx: np.ndarray, topk_weights: np.ndarray,
                layout: LlDispatch) -> np.ndarray:
   """Every rank's LL combine.
@@ -378,15 +410,10 @@ def ll_combine(y: np.ndarray, topk_idx: np.ndarray, topk_weights: np.ndarray,
     its row once per k naming it.
   """
   y = np.asarray(y)
-  clean, _ = clean_topk(topk_idx, layout.row_of.shape[2])
-  weights = np.asarray(topk_weights).astype(F32)
-  trailing = (1,) * (y.ndim - 3)
-  acc = np.zeros(clean.shape[:2] + y.shape[3:], F32)
-  for k in range(clean.shape[2]):
-    w = weights[:, :, k].reshape(weights.shape[:2] + trailing)
-    contribution = w * _ll_pick(y, layout, clean[:, :, k])
-    acc = np.where((clean[:, :, k] >= 0).reshape(clean.shape[:2] + trailing),
-                   acc + contribution, acc)
+  terms = ll_combine_terms(y, topk_idx, topk_weights, layout)
+  acc = np.zeros(terms[0][1].shape, F32)
+  for valid, value in terms:
+    acc = np.where(valid, acc + value, acc)
   return acc.astype(y.dtype)
 
 
@@ -413,11 +440,14 @@ def ht_dispatch_vjp(ct_x: np.ndarray, ct_topk_weights: np.ndarray,
   combine of ct with entries of other ranks' experts zeroed: one nonzero term).
 
   Args:
-    ct_x: [R, C, H]; ct_topk_weights: float32 [R, C, K].
+    ct_x: [R, C, H]; ct_topk_weights: float [R, C, K] (float64 stays float64:
+      exact values for a bound).
   Returns:
-    (grad_x [R, T, H] of ct_x's dtype, grad_w float32[R, T, K]).
+    (grad_x [R, T, H] of ct_x's dtype, grad_w float32 (or float64) [R, T, K]).
   """
-  kept = np.where(layout.topk_idx >= 0, np.asarray(ct_topk_weights).astype(F32), np.float32(0))
+  ct_w = np.asarray(ct_topk_weights)
+  ct_w = ct_w if ct_w.dtype == np.float64 else ct_w.astype(F32)
+  kept = np.where(layout.topk_idx >= 0, ct_w, ct_w.dtype.type(0))
   return ht_combine(ct_x, layout), ht_combine(kept, layout)
 
 

@@ -56,34 +56,14 @@ def _assert_bitwise(actual, expected, name: str) -> None:
   np.testing.assert_array_equal(bits(actual), bits(expected), err_msg=name)
 
 
-def _bf16_accumulated(terms: list[tuple[np.ndarray, np.ndarray]], out_dtype) -> np.ndarray:
-  """The mutant: sum of float32 ``terms`` (valid mask, value) with a bfloat16
-  accumulator (every partial sum rounded to bfloat16), cast to out_dtype."""
+def _bf16_accumulated(terms, out_dtype) -> np.ndarray:
+  """The mutant: a combine's float32 ``terms`` ((valid, value) in summation
+  order) summed with a bfloat16 accumulator (every partial sum rounded to
+  bfloat16), cast to out_dtype."""
   acc = np.zeros(terms[0][1].shape, hr.BFLOAT16)
   for valid, value in terms:
     acc = np.where(valid, (acc.astype(np.float32) + value).astype(hr.BFLOAT16), acc)
   return acc.astype(out_dtype)
-
-
-def _ht_combine_mutant(y: np.ndarray, layout: hr.HtDispatch) -> np.ndarray:
-  send_row = layout.send_row
-  terms = [((send_row[:, :, d] >= 0)[..., None],
-            y[d][np.maximum(send_row[:, :, d], 0)].astype(np.float32))
-           for d in range(send_row.shape[0])]
-  return _bf16_accumulated(terms, y.dtype)
-
-
-def _ll_combine_mutant(y, topk_idx, topk_weights, layout: hr.LlDispatch) -> np.ndarray:
-  clean, _ = hr.clean_topk(topk_idx, layout.row_of.shape[2])
-  blocks = y.reshape((-1,) + y.shape[2:])
-  src, token = np.indices(clean.shape[:2])
-  terms = []
-  for k in range(clean.shape[2]):
-    e = np.maximum(clean[:, :, k], 0)
-    row = np.maximum(layout.row_of[src, token, e], 0)
-    value = topk_weights[:, :, k, None].astype(np.float32) * blocks[e, row].astype(np.float32)
-    terms.append(((clean[:, :, k] >= 0)[..., None], value))
-  return _bf16_accumulated(terms, y.dtype)
 
 
 def _ll_fma_bound(y, topk_idx, topk_weights, layout: hr.LlDispatch, want, ref) -> np.ndarray:
@@ -221,7 +201,7 @@ def test_ht_combine_is_bitwise_and_rejects_bf16_accumulation(num_ranks, dtype,
   _assert_bitwise(ours, want, "combine")
   _assert_bitwise(ref, want, "combine (jnp oracle)")
   copies = (layout.send_row >= 0).sum(-1)
-  mutant = _ht_combine_mutant(y, layout)
+  mutant = _bf16_accumulated(hr.ht_combine_terms(y, layout), y.dtype)
   if dtype == jnp.bfloat16 and copies.max() <= 2:
     # Two bf16 terms from +0.0: the bf16 accumulator's one rounding is the
     # contract's, so no comparison can tell them apart here.
@@ -328,7 +308,7 @@ def test_ll_combine_is_bitwise_and_rejects_bf16_accumulation(num_ranks, dtype):
   error = np.abs(ref.astype(np.float64) - want.astype(np.float64))
   bound = _ll_fma_bound(y, idx, w, layout, want, ref)
   assert np.all(error <= bound), float((error - bound).max())
-  mutant = _ll_combine_mutant(y, idx, w, layout)
+  mutant = _bf16_accumulated(hr.ll_combine_terms(y, idx, w, layout), y.dtype)
   assert np.any(bits(mutant) != bits(want)), "the bitwise comparison would accept the mutant"
   if dtype == jnp.bfloat16:  # and so would the GPU suite's 1-ulp comparison
     assert hr.ulp_distance(mutant, want).max() > 1
@@ -412,4 +392,5 @@ def test_ulp_distance():
   smallest = np.array([1], np.uint16).view(hr.BFLOAT16)
   np.testing.assert_array_equal(hr.ulp_distance(smallest, -smallest), [2])
   assert hr.ulp_distance(bf16([np.nan]), bf16([1.0]))[0] >= 1 << 32
-  assert hr.ulp_distance(np.float32([1.0]), np.float32([np.nextafter(np.float32(1), np.float32(2))]))[0] == 1
+  after_one = np.nextafter(np.float32(1), np.float32(2))
+  assert hr.ulp_distance(np.float32([1.0]), np.float32([after_one]))[0] == 1
