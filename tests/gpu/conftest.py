@@ -1,9 +1,13 @@
-"""GPU tests: run under the launcher, one process per GPU:
+"""GPU tests: run under the launcher, one process per EP rank:
 
-    python -m jax_ep.launch -n 2 -m pytest tests/gpu
+    python -m jax_ep.launch -n N -m pytest tests/gpu                   # N GPUs
+    python -m jax_ep.launch -n N --devices 0,0,... -m pytest tests/gpu # N processes on one GPU
 
-Every process runs the same tests in the same order (the ops are collective).
-Skipped cleanly with fewer than 2 GPUs or without the launcher.
+Every process runs the same tests in the same order (the ops are collective)
+and checks its own results against the host oracle (gpu_testing). Skipped
+cleanly without the launcher, without a GPU, or with fewer than 2 processes.
+The 1000-call and 10,000-call tests carry those numbers in their names, so
+`-k "not 1000_calls and not 10000_calls"` leaves them out.
 """
 
 import os
@@ -18,19 +22,14 @@ from jax_ep import launch  # noqa: E402
 _LAUNCHED = launch.initialize_distributed_from_env()
 
 import jax_ep  # noqa: E402
-from gpu_testing import missing_gpus, skip_all  # noqa: E402
-
-
-# Developers may run these tests' logic on CPU processes with the portable
-# backend (JAX_EP_GPU_TESTS_ON_CPU=1 JAX_PLATFORMS=cpu); the kernels need GPUs.
-ON_CPU = os.environ.get("JAX_EP_GPU_TESTS_ON_CPU") == "1"
+from gpu_testing import ON_CPU, gpus_shared, missing_gpus, num_ranks, skip_all  # noqa: E402
 
 
 def _skip_reason() -> str | None:
   if not _LAUNCHED:
     return "GPU tests run under `python -m jax_ep.launch -n 2 -m pytest tests/gpu`"
   if ON_CPU:
-    return None
+    return None if num_ranks() >= 2 else "needs at least 2 processes (EP ranks)"
   return missing_gpus()
 
 
@@ -44,9 +43,12 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_report_header(config):
   del config
-  return [f"jax_ep GPU tests: rank {os.environ.get('JAX_EP_RANK')}, "
+  mode = "CPU processes, portable backend" if ON_CPU else (
+      "processes sharing one GPU" if gpus_shared() else "one GPU per process")
+  return [f"jax_ep GPU tests: rank {os.environ.get('JAX_EP_RANK')} of "
+          f"{os.environ.get('JAX_EP_NUM_PROCESSES')} ({mode}), "
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}",
-          f"skip: {_SKIP}" if _SKIP else "GPUs available"]
+          f"skip: {_SKIP}" if _SKIP else "devices available"]
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,10 @@
-"""Low-latency kernels on GPU against the oracle (run under jax_ep.launch)."""
+"""Low-latency ops on the kernels against the host oracle (run under jax_ep.launch).
 
+Dispatched rows, counts and sources compare bitwise (FP8 rows within one e4m3
+step, see test_ll_dispatch_matches_host_oracle). The combine is compared
+within LL_COMBINE_ULPS of the host's float32 evaluation in the contract's
+order (why: _assert_combine).
+"""
 
 import jax
 import jax.numpy as jnp
@@ -7,146 +12,238 @@ import numpy as np
 import pytest
 
 import jax_ep
-from gpu_testing import bits, call_routing, rank, routing, rows, run, setup
+from jax_ep import host_reference as hr
+from gpu_testing import (BF16, F32, ON_CPU, assert_bitwise, assert_within_ulp, bf16_accumulated,
+                         bits, dyadic_weights, mine, num_ranks, rng, routing, rows, run, setup,
+                         weights)
 
-SHAPES = [  # (E, K, T, T_local, H)
+SHAPES = [  # (E, K, T_ll, T_local, H)
     (16, 4, 32, 32, 256),
     (32, 8, 64, 40, 512),
-    (256, 8, 128, 128, 7168),
+    (64, 8, 32, 32, 7168),
 ]
+NUM_CALLS = 1000
+
+# The LL combine kernel accumulates acc = fma(w, y, acc): the GPU fuses the
+# multiply-add (one rounding per term where the contract rounds the product,
+# then the sum). Here every term w_k * y_k of an output element has that
+# element's sign (w >= 0; _expert scales by c > 0 a row of the same token), so
+# each evaluation is within K * u * |sum| of the exact sum (u = 2**-24) and the
+# two float32 results within 2 K u |sum| <= 2**-20 |sum| (K <= 8) of each
+# other: less than one bf16 spacing (>= 2**-8 |sum|), so their roundings to
+# bf16 differ by at most one ulp. The portable backend does the contract's
+# operations exactly (bitwise).
+LL_COMBINE_ULPS = 0 if ON_CPU else 1
+# FP8 scales: the kernel divides amax / 448 like the host (bitwise); XLA's
+# portable path multiplies by fl(1/448), which moves the quotient by less than
+# one float32 ulp (see tests/cpu/test_host_reference.py).
+FP8_SCALE_ULPS = 1 if ON_CPU else 0
+
+
+def _experts(e: int) -> int:
+  """E for this R: the table's E, raised to a multiple of R (E_local >= 1)."""
+  r = num_ranks()
+  return -(-max(e, r) // r) * r
+
+
+def _setup(e, k, t_ll, h):
+  """HT buffers off; max_tokens_per_rank above T_ll, so that the LL shapes
+  follow the LL cap (low_latency_max_tokens_per_rank)."""
+  return setup(num_experts=e, hidden=h, max_tokens_per_rank=4 * t_ll, num_topk=k,
+               low_latency_max_tokens_per_rank=t_ll, enable_high_throughput=False)
+
+
+def _expert_scale(num_local: int, rank_):
+  """c[j] = 1 + j/8 + rank/16: a different positive factor per local expert
+  and rank, exact in float32 with at most 12 significant bits."""
+  return 1.0 + 0.125 * jnp.arange(num_local, dtype=jnp.float32) + 0.0625 * rank_
 
 
 def _expert(y):
-  """A different function per local expert and rank."""
-  el = jnp.arange(y.shape[0], dtype=jnp.float32)[:, None, None]
-  r = jax.lax.axis_index("ep").astype(jnp.float32)
-  return (y.astype(jnp.float32) * (1.0 + 0.125 * el) - 0.5 * r).astype(jnp.bfloat16)
+  """Device expert: bf16(f32(row) * c[expert]); the product of a bf16 row and
+  c is exact in float32 (8 + 12 bits), so the one rounding matches the host's."""
+  c = _expert_scale(y.shape[0], jax.lax.axis_index("ep").astype(jnp.float32))
+  return (y.astype(jnp.float32) * c[:, None, None]).astype(jnp.bfloat16)
+
+
+def _host_scale(num_local: int) -> np.ndarray:
+  """float32[R, E_local]: c of every rank's experts."""
+  ranks = np.arange(num_ranks(), dtype=F32)[:, None]
+  return (np.float32(1) + np.float32(0.125) * np.arange(num_local, dtype=F32)
+          + np.float32(0.0625) * ranks).astype(F32)
+
+
+def _host_expert(x: np.ndarray) -> np.ndarray:
+  """[R, E_local, L, H] dispatched rows -> the experts' outputs (bf16)."""
+  c = _host_scale(x.shape[1])
+  return (x.astype(F32) * c[:, :, None, None]).astype(BF16)
+
+
+def _valid(count: np.ndarray, rows_: int) -> np.ndarray:
+  return np.arange(rows_) < np.asarray(count)[..., None]
+
+
+def _assert_combine(out, y, idx, w, layout: hr.LlDispatch, name: str = "combine") -> None:
+  """Within LL_COMBINE_ULPS of the host oracle, and the same comparison
+  rejects a bf16 accumulator on this data."""
+  want = hr.ll_combine(y, idx, w, layout)
+  assert out.dtype == want.dtype == BF16
+  assert_within_ulp(out, mine(want), LL_COMBINE_ULPS, name)
+  mutant = bf16_accumulated(hr.ll_combine_terms(y, idx, w, layout), want.dtype)
+  assert hr.ulp_distance(mine(mutant), mine(want)).max() > LL_COMBINE_ULPS, (
+      "the comparison would accept bf16 accumulation here")
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("use_fp8", [False, True])
-def test_ll_dispatch_matches_oracle(shape, use_fp8):
-  e, k, t, t_local, h = shape
-  config, mesh = setup(num_experts=e, hidden=h, max_tokens_per_rank=t, num_topk=k,
-                       enable_high_throughput=False)
-  rng = np.random.default_rng(100 * rank() + e)
-  x = rows(rng, (t_local, h))
-  idx = routing(rng, t_local, k, e)
-  idx[0, 0] = e + 3  # invalid: counted, never used
+def test_ll_dispatch_matches_host_oracle(shape, use_fp8):
+  e, k, t_ll, t_local, h = shape
+  e = _experts(e)
+  config, mesh = _setup(e, k, t_ll, h)
+  r = num_ranks()
+  gen = rng(100 + e)
+  x = rows(gen, (r, t_local, h))
+  idx = routing(gen, (r,), t_local, k, e)
+  idx[:, 0, 0] = e + 3  # invalid: counted, never used
+  idx[:, 1, 1] = idx[:, 1, 0] = np.arange(r) % e  # one expert named twice: one row
 
-  def fn(x, idx):
-    d = jax_ep.low_latency_dispatch(x, idx, config=config, use_fp8=use_fp8)
-    ref = jax_ep.reference.low_latency_dispatch(x, idx, config=config, use_fp8=use_fp8)
-    return d, ref
-
-  d, ref = run(fn, mesh, x, idx)
-  np.testing.assert_array_equal(d.count, ref["count"])
-  np.testing.assert_array_equal(d.handle.recv_src, ref["recv_src"])
+  d = run(lambda x, idx: jax_ep.low_latency_dispatch(x, idx, config=config, use_fp8=use_fp8),
+          mesh, x, idx)
+  want = mine(hr.ll_dispatch(x, idx, config, use_fp8=use_fp8))
+  assert d.x.shape == (e // r, r * t_ll, h)
+  assert_bitwise(d.count, want.count, "count")
+  assert_bitwise(d.handle.recv_src, want.recv_src, "recv_src")
   assert int(d.num_invalid) == 1
-  valid = np.arange(d.x.shape[1])[None, :] < d.count[:, None]
+  valid = _valid(d.count, d.x.shape[1])
   if not use_fp8:
-    np.testing.assert_array_equal(bits(d.x)[valid], bits(ref["x"])[valid])
-  else:
-    deq = np.asarray(jax_ep.fp8.dequantize(d.x, d.scales))[valid]
-    ref_deq = np.asarray(jax_ep.fp8.dequantize(ref["x"], ref["scales"]))[valid]
-    np.testing.assert_allclose(np.asarray(d.scales)[valid], np.asarray(ref["scales"])[valid],
-                               rtol=1e-6)
-    amax = np.abs(ref_deq).reshape(-1, h // 128, 128).max(-1, keepdims=True)
-    err = np.abs(deq - ref_deq).reshape(-1, h // 128, 128)
-    assert np.all(err <= amax / 448 * 32 + 1e-6), float(err.max())
-    # Same formula; the hardware cast may round a rare tie differently.
-    assert np.mean(bits(d.x)[valid] == bits(ref["x"])[valid]) > 0.99
+    assert_bitwise(d.x[valid], want.x[valid], "rows")
+    return
+  assert_within_ulp(d.scales[valid], want.scales[valid], FP8_SCALE_ULPS, "scales")
+  deq = hr.dequantize_fp8(d.x[valid], want.scales[valid])
+  want_deq = hr.dequantize_fp8(want.x[valid], want.scales[valid])
+  # Same formula; the hardware cast may round a rare tie differently: at most
+  # one e4m3 step, which is 32 (the spacing of e4m3 in [256, 448]) times the
+  # group's scale at the top of the range.
+  step = np.repeat(want.scales[valid].astype(F32), 128, axis=-1) * 32
+  assert np.all(np.abs(deq - want_deq) <= step), float(np.abs(deq - want_deq).max())
+  same = np.mean(bits(d.x[valid]) == bits(want.x[valid]))
+  assert same >= (1.0 if ON_CPU else 0.99), same
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_ll_combine_matches_oracle(shape):
-  e, k, t, t_local, h = shape
-  config, mesh = setup(num_experts=e, hidden=h, max_tokens_per_rank=t, num_topk=k,
-                       enable_high_throughput=False)
-  rng = np.random.default_rng(200 * rank() + e)
-  x = rows(rng, (t_local, h))
-  idx = routing(rng, t_local, k, e)
-  w = rng.random((t_local, k), np.float32)
+def test_ll_combine_matches_host_oracle(shape):
+  e, k, t_ll, t_local, h = shape
+  e = _experts(e)
+  config, mesh = _setup(e, k, t_ll, h)
+  r = num_ranks()
+  gen = rng(200 + e)
+  x = rows(gen, (r, t_local, h))
+  idx = routing(gen, (r,), t_local, k, e)
+  idx[:, 1, 1] = idx[:, 1, 0] = np.arange(r) % e  # its row is added once per k naming it
+  w = weights(gen, (r, t_local, k))
 
   def fn(x, idx, w):
     d = jax_ep.low_latency_dispatch(x, idx, config=config)
-    out = jax_ep.low_latency_combine(_expert(d.x), idx, w, d.handle, config=config)
-    ref = jax_ep.reference.low_latency_dispatch(x, idx, config=config)
-    ref_out = jax_ep.reference.low_latency_combine(_expert(ref["x"]), idx, w, config=config)
-    return out, ref_out
+    return jax_ep.low_latency_combine(_expert(d.x), idx, w, d.handle, config=config)
 
-  out, ref_out = run(fn, mesh, x, idx, w)
-  assert out.dtype == jnp.bfloat16
-  np.testing.assert_allclose(out.astype(np.float32), ref_out.astype(np.float32), rtol=2e-2,
-                             atol=2e-2)
+  out = run(fn, mesh, x, idx, w)
+  layout = hr.ll_dispatch(x, idx, config)
+  _assert_combine(out, _host_expert(layout.x), idx, w, layout)
 
 
-def test_ll_gradients_match_oracle():
-  e, k, t, h = 16, 4, 16, 256
-  config, mesh = setup(num_experts=e, hidden=h, max_tokens_per_rank=t, num_topk=k,
-                       enable_high_throughput=False)
-  rng = np.random.default_rng(300 + rank())
-  x = rows(rng, (t - 3, h))
-  idx = routing(rng, t - 3, k, e)
-  w = rng.random((t - 3, k), np.float32)
-  cot = rng.standard_normal((t - 3, h)).astype(np.float32)
+GRAD_SHAPES = [  # (E, K, T_ll, T_local, H)
+    (16, 4, 16, 13, 256),
+    (64, 8, 32, 32, 7168),
+]
 
-  def layer(impl, x, idx, w, cot):
-    if impl == "ours":
+
+@pytest.mark.parametrize("shape", GRAD_SHAPES)
+def test_ll_gradients_match_host_oracle(shape):
+  """jax.grad of low_latency_dispatch -> _expert -> low_latency_combine w.r.t.
+  x and topk_weights.
+
+  Each rank's loss is sum(f32(out) * cot_r) with its own cotangent (no psum);
+  rank s receives d(sum_r loss_r)/d(x_s, w_s), computed on the host from the
+  VJP formulas of jax_ep.host_reference. Tolerances:
+  * grad_x: bitwise. grad_y = bf16(f32(ct) * W) with W the sum of the dyadic
+    weights naming the expert (exact in any order; the product is exact:
+    8 + 10 significant bits), then bf16(f32(grad_y) * c) (exact product), then
+    a float32 sum over the token's distinct experts with weight 1 (an FMA with
+    weight 1 rounds like an add), rounded once: the same operations here.
+  * grad_w[t, k] = sum_h f32(ct[t, h]) * f32(y row of (t, e_k))[h]: products of
+    bf16 numbers (exact in float32) summed in float32 in an unspecified order,
+    within hr.f32_sum_bound (gamma_{H-1} * sum |terms|).
+  """
+  e, k, t_ll, t_local, h = shape
+  e = _experts(e)
+  config, mesh = _setup(e, k, t_ll, h)
+  r = num_ranks()
+  gen = rng(300 + e)
+  x = rows(gen, (r, t_local, h))
+  idx = routing(gen, (r,), t_local, k, e)
+  idx[:, 0, 0] = -5  # invalid: no gradient
+  idx[:, 1, 1] = idx[:, 1, 0] = np.arange(r) % e
+  w = dyadic_weights(gen, (r, t_local, k))
+  cot = gen.standard_normal((r, t_local, h), dtype=np.float32)
+
+  def fn(x, idx, w, cot):
+    def loss(x, w):
       d = jax_ep.low_latency_dispatch(x, idx, config=config)
-      out = jax_ep.low_latency_combine(jnp.tanh(d.x.astype(jnp.float32)).astype(jnp.bfloat16),
-                                       idx, w, d.handle, config=config)
-    else:
-      ref = jax_ep.reference.low_latency_dispatch(x, idx, config=config)
-      y = jnp.tanh(ref["x"].astype(jnp.float32)).astype(jnp.bfloat16)
-      out = jax_ep.reference.low_latency_combine(y, idx, w, config=config)
-    return jnp.sum(out.astype(jnp.float32) * cot)[None]
+      out = jax_ep.low_latency_combine(_expert(d.x), idx, w, d.handle, config=config)
+      return jnp.sum(out.astype(jnp.float32) * cot)
+    return jax.grad(loss, argnums=(0, 1))(x, w)
 
-  def grads(impl):
-    def per_shard(x, idx, w, cot):
-      g = jax.grad(lambda x, w: layer(impl, x, idx, w, cot)[0], argnums=(0, 1))(x, w)
-      return g
-    return run(per_shard, mesh, x, idx, w, cot)
+  grad_x, grad_w = run(fn, mesh, x, idx, w, cot)
 
-  ours, ref = grads("ours"), grads("ref")
-  for a, b in zip(ours, ref):
-    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=5e-2,
-                               atol=5e-2)
+  layout = hr.ll_dispatch(x, idx, config)
+  y = _host_expert(layout.x)
+  vjp = hr.ll_combine_vjp(cot.astype(BF16), y, idx, w, layout)
+  c = _host_scale(y.shape[1])[:, :, None, None]
+  ct_rows = (vjp.grad_y.astype(F32) * c).astype(BF16)
+  assert_bitwise(grad_x, mine(hr.ll_dispatch_vjp(ct_rows, idx, layout)), "grad x")
+  assert grad_w.dtype == np.float32
+  error = np.abs(grad_w.astype(np.float64) - mine(vjp.grad_weights))
+  bound = hr.f32_sum_bound(mine(vjp.grad_weights_abs), vjp.terms)
+  assert np.all(error <= bound), (float(error.max()), float((error - bound).max()))
+  assert np.all(grad_w[mine(idx) < 0] == 0) and np.all(grad_w[mine(idx) >= e] == 0)
 
 
 def test_ll_1000_calls_with_changing_routing():
-  """Sequence numbers and buffer parity over many back-to-back calls (one graph)."""
-  e, k, t, h = 32, 4, 32, 256
-  config, mesh = setup(num_experts=e, hidden=h, max_tokens_per_rank=t, num_topk=k,
-                       enable_high_throughput=False)
-  rng = np.random.default_rng(400 + rank())
-  x = rows(rng, (t, h))
-  w = rng.random((t, k), np.float32)
+  """Sequence numbers and buffer parity over NUM_CALLS back-to-back calls in one
+  graph: a new host-generated routing each call (with -1 entries), every
+  call's counts and combine output checked against the host oracle."""
+  e, k, t, h = _experts(32), 4, 32, 256
+  config, mesh = _setup(e, k, t, h)
+  r = num_ranks()
+  gen = rng(400)
+  x = rows(gen, (r, t, h))
+  w = weights(gen, (r, t, k))
+  idx = np.moveaxis(routing(gen, (NUM_CALLS, r), t, k, e), 0, 1)   # [R, calls, T, K]
 
-  def fn(x, w):
-    def step(i, mismatches):
-      idx = call_routing(7, i, t, k, e, none_fraction=0.1)
+  def fn(x, w, idx):
+    def step(carry, idx):
       d = jax_ep.low_latency_dispatch(x, idx, config=config)
-      out = jax_ep.low_latency_combine(d.x, idx, w, d.handle, config=config)
-      ref = jax_ep.reference.low_latency_combine(
-          jax_ep.reference.low_latency_dispatch(x, idx, config=config)["x"], idx, w,
-          config=config)
-      bad = jnp.any(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32)) > 5e-2)
-      return mismatches + bad.astype(jnp.int32)
-    return jax.lax.fori_loop(0, 1000, step, jax.lax.pcast(jnp.int32(0), "ep", to="varying"))
+      out = jax_ep.low_latency_combine(_expert(d.x), idx, w, d.handle, config=config)
+      return carry, (out, d.count)
+    return jax.lax.scan(step, None, idx)[1]
 
-  assert int(run(fn, mesh, x, w)) == 0
+  outs, counts = run(fn, mesh, x, w, idx)
+  for call in range(NUM_CALLS):
+    layout = hr.ll_dispatch(x, idx[:, call], config)
+    assert_bitwise(counts[call], mine(layout.count), f"call {call}: count")
+    want = hr.ll_combine(_host_expert(layout.x), idx[:, call], w, layout)
+    assert_within_ulp(outs[call], mine(want), LL_COMBINE_ULPS, f"call {call}: combine")
 
 
 @pytest.mark.parametrize("use_fp8", [False, True])
 def test_ll_split_ops_match_one_call_ops(use_fp8):
-  e, k, t, h = 32, 8, 64, 512
-  config, mesh = setup(num_experts=e, hidden=h, max_tokens_per_rank=t, num_topk=k,
-                       enable_high_throughput=False)
-  rng = np.random.default_rng(500 + rank())
-  x = rows(rng, (t, h))
-  idx = routing(rng, t, k, e)
-  w = rng.random((t, k), np.float32)
+  e, k, t, h = _experts(32), 8, 64, 512
+  config, mesh = _setup(e, k, t, h)
+  r = num_ranks()
+  gen = rng(500)
+  x = rows(gen, (r, t, h))
+  idx = routing(gen, (r,), t, k, e)
+  w = weights(gen, (r, t, k))
 
   def fn(x, idx, w):
     pending = jax_ep.low_latency_dispatch_send(x, idx, config=config, use_fp8=use_fp8)
@@ -161,7 +258,11 @@ def test_ll_split_ops_match_one_call_ops(use_fp8):
     return d.count, d.x, one.count, one.x, out, ref, shared[:1]
 
   count, x_split, count_one, x_one, out, ref, _ = run(fn, mesh, x, idx, w)
-  np.testing.assert_array_equal(count, count_one)
-  valid = np.arange(x_split.shape[1])[None, :] < count[:, None]
-  np.testing.assert_array_equal(bits(x_split)[valid], bits(x_one)[valid])
-  np.testing.assert_array_equal(bits(out), bits(ref))
+  assert_bitwise(count, mine(hr.ll_dispatch(x, idx, config).count), "count")
+  assert_bitwise(count, count_one, "count vs one call")
+  valid = _valid(count, x_split.shape[1])
+  assert_bitwise(x_split[valid], x_one[valid], "rows vs one call")
+  assert_bitwise(out, ref, "combine vs one call")
+  if not use_fp8:
+    layout = hr.ll_dispatch(x, idx, config)
+    _assert_combine(out, _host_expert(layout.x), idx, w, layout)
