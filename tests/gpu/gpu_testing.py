@@ -7,7 +7,10 @@ compares its outputs with rank r's part of the host oracle's results. No data
 crosses between processes outside jax_ep's own ops, so a test's program holds
 no XLA collective: with several processes on one GPU (``--devices 0,0,...``,
 JAX_EP_GPUS_SHARED=1) NCCL refuses two ranks on one GPU and a collective
-hangs. Tests that need one are marked ``needs_xla_collective`` (skipped there).
+hangs. run() checks each program's lowering for collectives before it runs
+(on CUDA always; on CPU processes with JAX_EP_GPU_TESTS_CHECK_CUDA_LOWERING=1,
+lowered for the CUDA backend). Tests that need a collective are marked
+``needs_xla_collective`` (skipped where the GPU is shared).
 """
 
 from __future__ import annotations
@@ -123,27 +126,65 @@ def _local(x) -> np.ndarray:
   return np.asarray(x.addressable_shards[0].data)
 
 
-def run(fn, mesh, *global_args, check_vma: bool = True):
-  """jit(shard_map(fn)) on this rank's slice of each global [R, ...] input;
-  returns this rank's outputs as numpy."""
+# StableHLO collectives: none may appear in a test's program (module docstring).
+_COLLECTIVES = ("all_gather", "all_reduce", "all_to_all", "reduce_scatter",
+                "collective_permute", "collective_broadcast")
+# On CPU processes the portable backend's own collectives hide a test's: with
+# this set, each program is also lowered for the CUDA backend (without a GPU,
+# jax_ep.runtime.lowering_only) and checked there.
+CHECK_CUDA_LOWERING_ON_CPU = os.environ.get("JAX_EP_GPU_TESTS_CHECK_CUDA_LOWERING") == "1"
+
+
+def xla_collectives(stablehlo: str) -> list[str]:
+  """The XLA collectives named in a lowered program's StableHLO text."""
+  return [op for op in _COLLECTIVES if f"stablehlo.{op}" in stablehlo]
+
+
+def _assert_no_collective(per_shard, mesh, args, check_vma: bool) -> None:
+  """Fails before running a program that holds an XLA collective (where the
+  processes share a GPU it would hang). Skipped for configs with
+  fallback="allow": those tests mean to use one (needs_xla_collective)."""
+  state = jax_ep.runtime_state()
+  if state is None or state.config.fallback == "allow" or (ON_CPU and
+                                                           not CHECK_CUDA_LOWERING_ON_CPU):
+    return
+
+  def fresh(*shards):  # a new function: jit's trace cache must not keep this trace
+    return per_shard(*shards)
+
+  mapped = jax.jit(jax.shard_map(fresh, mesh=mesh, in_specs=P("ep"), out_specs=P("ep"),
+                                 check_vma=check_vma))
+  if ON_CPU:
+    from jax_ep import runtime  # pylint: disable=import-outside-toplevel
+    with runtime.lowering_only(state.config, state.mesh, backend="cuda"):
+      text = mapped.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  else:
+    text = mapped.trace(*args).lower().as_text()
+  found = xla_collectives(text)
+  assert not found, (f"the test's program holds XLA collectives {found} (on the CUDA backend); "
+                     "they cannot run where processes share a GPU")
+
+
+def _run(fn, mesh, locals_, check_vma: bool):
   def per_shard(*shards):
     return jax.tree.map(lambda o: o[None], fn(*[s[0] for s in shards]))
 
+  args = [_global_array(mesh, np.asarray(a)[None]) for a in locals_]
+  _assert_no_collective(per_shard, mesh, args, check_vma)
   mapped = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P("ep"), out_specs=P("ep"),
                                  check_vma=check_vma))
-  out = mapped(*[_global_array(mesh, np.asarray(a)[rank()][None]) for a in global_args])
-  return jax.tree.map(lambda o: _local(o)[0], out)
+  return jax.tree.map(lambda o: _local(o)[0], mapped(*args))
+
+
+def run(fn, mesh, *global_args, check_vma: bool = True):
+  """jit(shard_map(fn)) on this rank's slice of each global [R, ...] input;
+  returns this rank's outputs as numpy."""
+  return _run(fn, mesh, [np.asarray(a)[rank()] for a in global_args], check_vma)
 
 
 def run_local(fn, mesh, *local_args, check_vma: bool = True):
   """Like run, on inputs this rank built for itself alone ([...] per rank)."""
-  def per_shard(*shards):
-    return jax.tree.map(lambda o: o[None], fn(*[s[0] for s in shards]))
-
-  mapped = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P("ep"), out_specs=P("ep"),
-                                 check_vma=check_vma))
-  out = mapped(*[_global_array(mesh, np.asarray(a)[None]) for a in local_args])
-  return jax.tree.map(lambda o: _local(o)[0], out)
+  return _run(fn, mesh, local_args, check_vma)
 
 
 def mine(host_result):
