@@ -2,23 +2,26 @@
 in one graph, hashed (order-sensitive uint32 over every call's results).
 
 Arrival order differs from call to call and run to run; the contract's
-(source rank, source token) order makes the hashes equal anyway. At R = 2 they
-must equal GOLDEN_HASHES, which CPU and GPU share; at other R the test runs
-twice and compares. The hashes are printed either way.
+(source rank, source token) order makes the hashes equal anyway. At R = 2 and
+4 they must equal GOLDEN_HASHES, which CPU and GPU share; at other R the test
+runs twice and compares. The hashes are printed either way.
 """
 
 import pressure_workload as workload
 from gpu_testing import num_ranks, rank, run_local, setup
 
-# Per-rank hashes at R = 2 of pressure_workload with NUM_CALLS = 10,000.
-# Produced by this test on 2 CPU processes with the portable backend
-# (JAX_EP_GPU_TESTS_ON_CPU=1 JAX_PLATFORMS=cpu python -m jax_ep.launch -n 2
+# Per-rank hashes of pressure_workload with NUM_CALLS = 10,000, at R = 2 and 4.
+# Produced by this test on 2 and 4 CPU processes with the portable backend
+# (JAX_EP_GPU_TESTS_ON_CPU=1 JAX_PLATFORMS=cpu python -m jax_ep.launch -n R
 # -m pytest tests/gpu/test_pressure_gpu.py -s prints them), 2026-12-01, on
 # 28fa2f2 plus the commit that added them; tests/cpu/test_pressure_golden.py
 # recomputes the same values from jax_ep.host_reference. A legitimate change
 # of the contract or of the workload (row order, padding, seeds, sizes,
 # NUM_CALLS, what is hashed) must regenerate them both ways.
-GOLDEN_HASHES = {2: (0xB2BA963E, 0xD7232D4F)}
+GOLDEN_HASHES = {
+    2: (0xB2BA963E, 0xD7232D4F),
+    4: (0x2A9A9EA5, 0xCD97D887, 0x52640F0A, 0x2617B0E5),
+}
 
 
 def test_10000_calls_hash_like_the_golden():
