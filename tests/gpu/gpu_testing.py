@@ -115,7 +115,7 @@ def setup(**config_kwargs) -> tuple[jax_ep.EpConfig, jax.sharding.Mesh]:
   return config, mesh
 
 
-def _global_array(mesh, local: np.ndarray):
+def global_array(mesh, local: np.ndarray):
   """The global array whose shard on this process is ``local`` (split on dim 0)."""
   sharding = NamedSharding(mesh, P("ep"))
   shape = (local.shape[0] * mesh.size,) + local.shape[1:]
@@ -169,7 +169,7 @@ def _run(fn, mesh, locals_, check_vma: bool):
   def per_shard(*shards):
     return jax.tree.map(lambda o: o[None], fn(*[s[0] for s in shards]))
 
-  args = [_global_array(mesh, np.asarray(a)[None]) for a in locals_]
+  args = [global_array(mesh, np.asarray(a)[None]) for a in locals_]
   _assert_no_collective(per_shard, mesh, args, check_vma)
   mapped = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P("ep"), out_specs=P("ep"),
                                  check_vma=check_vma))
@@ -203,14 +203,20 @@ def rng(seed: int) -> np.random.Generator:
   return np.random.default_rng(seed)
 
 
-def routing(gen: np.random.Generator, lead: tuple[int, ...], num_tokens: int, num_topk: int,
-            num_experts: int, none_fraction: float = 0.1) -> np.ndarray:
+def global_routing(gen: np.random.Generator, lead: tuple[int, ...], num_tokens: int,
+                   num_topk: int, num_experts: int, none_fraction: float = 0.1) -> np.ndarray:
   """int32[*lead, T, K]: distinct experts per token (a random top-k), entries
   -1 with probability ``none_fraction``."""
   keys = gen.random(lead + (num_tokens, num_experts), dtype=np.float32)
   idx = np.argsort(keys, axis=-1)[..., :num_topk].astype(np.int32)
   idx[gen.random(idx.shape) < none_fraction] = -1
   return idx
+
+
+def routing(gen: np.random.Generator, num_tokens: int, num_topk: int, num_experts: int,
+            none_fraction: float = 0.1) -> np.ndarray:
+  """int32[T, K] for one rank (tests/gpu_faults build per-rank inputs)."""
+  return global_routing(gen, (), num_tokens, num_topk, num_experts, none_fraction)
 
 
 def rows(gen: np.random.Generator, shape, dtype=BF16) -> np.ndarray:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import jax_ep
-from gpu_testing import needs_xla_collective, num_ranks, rng, routing, rows, run, setup
+from gpu_testing import global_routing, needs_xla_collective, num_ranks, rng, rows, run, setup
 
 
 @needs_xla_collective("debug_checks gathers every rank's invalid-entry count with an XLA "
@@ -17,7 +17,7 @@ def test_debug_checks_fail_every_rank_and_the_group_stays_in_step(op):
                        debug_checks=True, fallback="allow")
   r = num_ranks()
   gen = rng(1400)
-  x, idx = rows(gen, (r, t, h)), routing(gen, (r,), t, k, e)
+  x, idx = rows(gen, (r, t, h)), global_routing(gen, (r,), t, k, e)
   w = np.ones((r, t, k), np.float32)
 
   def fn(x, i, w):
@@ -41,7 +41,7 @@ def test_too_many_tokens_is_a_trace_time_error(cap):
   config, mesh = setup(num_experts=16, hidden=256, num_topk=4, **sizes)
   r = num_ranks()
   gen = rng(1500)
-  x, idx = rows(gen, (r, 9, 256)), routing(gen, (r,), 9, 4, 16)
+  x, idx = rows(gen, (r, 9, 256)), global_routing(gen, (r,), 9, 4, 16)
   with pytest.raises(jax_ep.EpConfigError,
                      match="has 9 tokens but EpConfig.low_latency_max_tokens_per_rank is 8"):
     run(lambda x, i: jax_ep.low_latency_dispatch(x, i, config=config).count, mesh, x, idx)

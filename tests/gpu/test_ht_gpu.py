@@ -13,8 +13,8 @@ import pytest
 
 import jax_ep
 from jax_ep import host_reference as hr
-from gpu_testing import (BF16, F32, assert_bitwise, bf16_accumulated, bits, dyadic_weights, mine,
-                         num_ranks, rank, rng, routing, rows, run, setup, weights)
+from gpu_testing import (BF16, F32, assert_bitwise, bf16_accumulated, bits, dyadic_weights,
+                         global_routing, mine, num_ranks, rank, rng, rows, run, setup, weights)
 
 SHAPES = [  # (E, K, T, T_local, H)
     (16, 4, 64, 48, 256),
@@ -80,7 +80,7 @@ def test_ht_dispatch_and_combine_match_host_oracle(shape):
   gen = rng(600 + e)
   r = num_ranks()
   x = rows(gen, (r, t_local, h))
-  idx = routing(gen, (r,), t_local, k, e)
+  idx = global_routing(gen, (r,), t_local, k, e)
   idx[:, 1, 0] = -7  # invalid on every rank: counted, never used
   idx[:, 2, 1] = idx[:, 2, 0] = np.arange(r) % e  # one expert named twice
   w = dyadic_weights(gen, (r, t_local, k))
@@ -104,7 +104,7 @@ def test_get_dispatch_layout_matches_host_oracle(shape):
   e = _experts(e)
   config, mesh = _setup(e, k, t, 256)
   gen = rng(650 + e + k)
-  idx = routing(gen, (num_ranks(),), t_local, k, e)
+  idx = global_routing(gen, (num_ranks(),), t_local, k, e)
   idx[:, 0, -1] = -7
   idx[:, 2, 0] = e + 3
   idx[:, 3, :2] = idx[:, 3, 2:3]  # the same expert three times: counted once
@@ -131,7 +131,7 @@ def test_ht_edge_routing(case):
   elif case == "no_tokens":
     idx = np.full((r, t, k), -1, np.int32)
   else:
-    idx = routing(gen, (r,), t, k, e, none_fraction=0.0)
+    idx = global_routing(gen, (r,), t, k, e, none_fraction=0.0)
     capacity = 37
 
   def fn(x, idx, w):
@@ -153,7 +153,7 @@ def test_ht_fp8_dispatch(round_scale):
   r = num_ranks()
   gen = rng(800)
   x = rows(gen, (r, t, h))
-  idx = routing(gen, (r,), t, k, e)
+  idx = global_routing(gen, (r,), t, k, e)
   w = weights(gen, (r, t, k))
   pair = hr.quantize_fp8(x, round_scale=round_scale,
                          scale_dtype=hr.FLOAT8_E8M0 if round_scale else hr.F32)
@@ -195,7 +195,7 @@ def test_ht_gradients_match_host_oracle(shape, wrt):
   r = num_ranks()
   gen = rng(900 + k)
   x = rows(gen, (r, t, h))
-  idx = routing(gen, (r,), t, k, e)
+  idx = global_routing(gen, (r,), t, k, e)
   idx[:, 0, 0] = e + 1  # invalid: no gradient
   if k > 1:
     idx[:, 1, 1] = idx[:, 1, 0] = np.arange(r) % e
@@ -243,7 +243,7 @@ def test_combine_backward_is_the_cached_dispatch(capacity, k):
   r = num_ranks()
   gen = rng(950 + k)
   x, g = rows(gen, (r, t, h)), rows(gen, (r, t, h))
-  idx = routing(gen, (r,), t, k, e, none_fraction=0.05)
+  idx = global_routing(gen, (r,), t, k, e, none_fraction=0.05)
   w = weights(gen, (r, t, k))
 
   def fn(x, g, idx, w):
@@ -268,7 +268,7 @@ def test_ht_1000_calls_with_changing_routing():
   gen = rng(1000)
   x = rows(gen, (r, t, h))
   w = dyadic_weights(gen, (r, t, k))
-  idx = np.moveaxis(routing(gen, (NUM_CALLS, r), t, k, e), 0, 1)   # [R, calls, T, K]
+  idx = np.moveaxis(global_routing(gen, (NUM_CALLS, r), t, k, e), 0, 1)   # [R, calls, T, K]
 
   def fn(x, w, idx):
     def step(carry, idx):

@@ -14,8 +14,8 @@ import pytest
 import jax_ep
 from jax_ep import host_reference as hr
 from gpu_testing import (BF16, F32, ON_CPU, assert_bitwise, assert_within_ulp, bf16_accumulated,
-                         bits, dyadic_weights, mine, num_ranks, rng, routing, rows, run, setup,
-                         weights)
+                         bits, dyadic_weights, global_routing, mine, num_ranks, rng, rows, run,
+                         setup, weights)
 
 SHAPES = [  # (E, K, T_ll, T_local, H)
     (16, 4, 32, 32, 256),
@@ -103,7 +103,7 @@ def test_ll_dispatch_matches_host_oracle(shape, use_fp8):
   r = num_ranks()
   gen = rng(100 + e)
   x = rows(gen, (r, t_local, h))
-  idx = routing(gen, (r,), t_local, k, e)
+  idx = global_routing(gen, (r,), t_local, k, e)
   idx[:, 0, 0] = e + 3  # invalid: counted, never used
   idx[:, 1, 1] = idx[:, 1, 0] = np.arange(r) % e  # one expert named twice: one row
 
@@ -138,7 +138,7 @@ def test_ll_combine_matches_host_oracle(shape):
   r = num_ranks()
   gen = rng(200 + e)
   x = rows(gen, (r, t_local, h))
-  idx = routing(gen, (r,), t_local, k, e)
+  idx = global_routing(gen, (r,), t_local, k, e)
   idx[:, 1, 1] = idx[:, 1, 0] = np.arange(r) % e  # its row is added once per k naming it
   w = weights(gen, (r, t_local, k))
 
@@ -180,7 +180,7 @@ def test_ll_gradients_match_host_oracle(shape):
   r = num_ranks()
   gen = rng(300 + e)
   x = rows(gen, (r, t_local, h))
-  idx = routing(gen, (r,), t_local, k, e)
+  idx = global_routing(gen, (r,), t_local, k, e)
   idx[:, 0, 0] = -5  # invalid: no gradient
   idx[:, 1, 1] = idx[:, 1, 0] = np.arange(r) % e
   w = dyadic_weights(gen, (r, t_local, k))
@@ -218,7 +218,7 @@ def test_ll_1000_calls_with_changing_routing():
   gen = rng(400)
   x = rows(gen, (r, t, h))
   w = weights(gen, (r, t, k))
-  idx = np.moveaxis(routing(gen, (NUM_CALLS, r), t, k, e), 0, 1)   # [R, calls, T, K]
+  idx = np.moveaxis(global_routing(gen, (NUM_CALLS, r), t, k, e), 0, 1)   # [R, calls, T, K]
 
   def fn(x, w, idx):
     def step(carry, idx):
@@ -242,7 +242,7 @@ def test_ll_split_ops_match_one_call_ops(use_fp8):
   r = num_ranks()
   gen = rng(500)
   x = rows(gen, (r, t, h))
-  idx = routing(gen, (r,), t, k, e)
+  idx = global_routing(gen, (r,), t, k, e)
   w = weights(gen, (r, t, k))
 
   def fn(x, idx, w):
