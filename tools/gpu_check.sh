@@ -78,6 +78,9 @@ if [[ "$WHAT" == one-gpu ]]; then
   source tools/gpu_check_one_gpu.sh
   run_one_gpu "$@"
   note "total time: $(( $(date +%s) - start )) s"
+  cp "$SUMMARY" "$OUT/summary.txt"
+  # At most 8 files come back from a device call: the logs travel as one archive.
+  (cd "$OUT" && tar -czf logs.tar.gz ./*.log && rm -f ./*.log)
   echo
   echo "==================== summary ===================="
   cat "$SUMMARY"

@@ -21,7 +21,10 @@ LONG = "not 1000_calls and not 10000_calls"
 @pytest.mark.parametrize("num_processes,select,min_tests", [(2, None, 41), (4, LONG, 38)],
                          ids=["2_processes_whole_suite", "4_processes_without_long_tests"])
 def test_gpu_suite_passes_on_cpu_processes(num_processes, select, min_tests):
-  env = dict(os.environ, JAX_EP_GPU_TESTS_ON_CPU="1", JAX_PLATFORMS="cpu")
+  # CHECK_CUDA_LOWERING: every test program, lowered for the CUDA backend too, must hold
+  # no XLA collective (the one-GPU mode cannot run one).
+  env = dict(os.environ, JAX_EP_GPU_TESTS_ON_CPU="1", JAX_PLATFORMS="cpu",
+             JAX_EP_GPU_TESTS_CHECK_CUDA_LOWERING="1")
   env.pop("XLA_FLAGS", None)  # one CPU device per process, as on the GPU machine
   env.pop("JAX_EP_GPUS_SHARED", None)
   result = subprocess.run(

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jax_ep
-from gpu_testing import rank, routing, rows, run
+from gpu_testing import rank, routing, rows, run_local
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get("JAX_EP_TESTING_RDMA_PEERS"),
@@ -55,7 +55,7 @@ def test_high_throughput_ops_without_their_buffers_are_refused_at_trace_time():
   x, idx = rows(rng, (T, H)), routing(rng, T, K, E)
   w = np.ones((T, K), np.float32)
   with pytest.raises(jax_ep.EpConfigError, match="enable_high_throughput=False"):
-    run(lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).num_tokens,
+    run_local(lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).num_tokens,
         jax_ep.runtime_state().mesh, x, idx, w)
 
 
@@ -74,7 +74,7 @@ def test_low_latency_round_trip_over_the_rdma_branch():
     d = jax_ep.low_latency_dispatch(x, i, config=config)
     return jax_ep.low_latency_combine(d.x, i, w, d.handle, config=config)
 
-  out = run(fn, jax_ep.runtime_state().mesh, x, idx, w)
+  out = run_local(fn, jax_ep.runtime_state().mesh, x, idx, w)
   # K distinct experts, each returning x[t] (bf16, exact), weighted 1/K: the
   # fp32 sum of K exact terms x/K is exact for K a power of two.
   np.testing.assert_array_equal(np.asarray(out, np.float32),
