@@ -8,8 +8,8 @@
 #     only, never speed. PHASEs (default: all of them; qp only when the bundle
 #     .carry/nvshmem-qp.tar.xz was carried):
 #       n2 n4 n8  tests/gpu at N = 2, 4, 8 processes, XLA command buffers on and
-#                 off (the 1000- and 10,000-call tests in the N=2 run with
-#                 command buffers on only)
+#                 off, without the 1000- and 10,000-call tests
+#       long      those, at N = 2 with command buffers on
 #       rdma      every other PE looks reachable only by RDMA
 #                 (JAX_EP_TESTING_RDMA_PEERS=all): the LL suite and the HT ops'
 #                 documented behaviour, at N = 2 and 4

@@ -38,13 +38,19 @@ one_gpu_run() {
   return "$rc"
 }
 
-one_gpu_suite() {  # N
-  local n=$1 long="not 1000_calls and not 10000_calls" on_filter
-  on_filter=$long
-  [[ "$n" == 2 ]] && on_filter=""  # the long tests once, at N=2 with command buffers on
-  one_gpu_run "suite_n${n}_cmdbuf_on" "$n" tests/gpu "$on_filter" "" XLA_FLAGS="${XLA_FLAGS:-}"
-  one_gpu_run "suite_n${n}_cmdbuf_off" "$n" tests/gpu "$long" "" \
+LONG_TESTS="1000_calls or 10000_calls"
+
+one_gpu_suite() {  # N: the suite without the long tests, command buffers on and off
+  local n=$1
+  one_gpu_run "suite_n${n}_cmdbuf_on" "$n" tests/gpu "not ($LONG_TESTS)" "" \
+      XLA_FLAGS="${XLA_FLAGS:-}"
+  one_gpu_run "suite_n${n}_cmdbuf_off" "$n" tests/gpu "not ($LONG_TESTS)" "" \
       XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
+}
+
+one_gpu_long() {  # the 1000- and 10,000-call tests, at N=2 with command buffers on
+  one_gpu_run "long_n2" 2 tests/gpu "$LONG_TESTS" "" XLA_FLAGS="${XLA_FLAGS:-}"
+  grep -E "^\[rank [0-9]\] .*hash" "$OUT/long_n2.log" | head -4 | tee -a "$SUMMARY"
 }
 
 one_gpu_rdma() {
@@ -124,7 +130,7 @@ PY
 run_one_gpu() {
   local phases=("$@") phase
   if [[ ${#phases[@]} -eq 0 ]]; then
-    phases=(n2 n4 n8 rdma faults example)
+    phases=(n2 n4 n8 long rdma faults example)
     [[ -f "$QP_BUNDLE" ]] && phases+=(qp)
   fi
   note "one GPU, several processes: correctness only"
@@ -133,6 +139,7 @@ run_one_gpu() {
       n2) one_gpu_suite 2 ;;
       n4) one_gpu_suite 4 ;;
       n8) one_gpu_suite 8 ;;
+      long) one_gpu_long ;;
       rdma) one_gpu_rdma ;;
       faults) one_gpu_faults ;;
       example) one_gpu_example ;;

@@ -36,6 +36,15 @@ def _skip_reason() -> str | None:
 _SKIP = _skip_reason()
 
 
+def pytest_ignore_collect(collection_path, config):
+  """The remote-peer tests belong to that mode only (JAX_EP_TESTING_RDMA_PEERS set,
+  tools/gpu_check.sh one-gpu rdma); elsewhere they are not collected at all."""
+  del config
+  if collection_path.name == "test_rdma_peers_gpu.py":
+    return not os.environ.get("JAX_EP_TESTING_RDMA_PEERS")
+  return None
+
+
 def pytest_collection_modifyitems(config, items):
   del config
   skip_all(items, _SKIP)

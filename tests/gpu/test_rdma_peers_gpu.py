@@ -2,11 +2,9 @@
 kernels treat those EP peers as reachable only by RDMA, so the LL kernels take
 their RDMA branch (staging, puts, quiet or per-QP signals) over NVSHMEM's own
 P2P transport. tests/gpu/test_ll_gpu.py is the LL suite of this mode; this
-file checks the mode itself and what the HT ops do under it. Skipped unless
-the variable is set (tools/gpu_check.sh one-gpu rdma sets it).
+file checks the mode itself and what the HT ops do under it. Collected only
+when the variable is set (conftest.py; tools/gpu_check.sh one-gpu rdma sets it).
 """
-
-import os
 
 import jax
 import jax.numpy as jnp
@@ -15,10 +13,6 @@ import pytest
 
 import jax_ep
 from gpu_testing import rank, routing, rows, run_local
-
-pytestmark = pytest.mark.skipif(
-    not os.environ.get("JAX_EP_TESTING_RDMA_PEERS"),
-    reason="the remote-peer mode needs JAX_EP_TESTING_RDMA_PEERS (e.g. =all)")
 
 E, K, T, H = 16, 4, 16, 256
 
