@@ -58,7 +58,8 @@
 // combine recv (on s):
 //   6. For each token, wait for combine_flags[p][e] = seq of its valid experts;
 //      out[t] = sum over valid k of w[t,k] * combine_recv[p][e_k][t], in fp32,
-//      in k order, and/or out_pair_values[t][k] = combine_values[p][e_k][t].
+//      in k order (product and sum each rounded: no fused multiply-add), and/or
+//      out_pair_values[t][k] = combine_values[p][e_k][t].
 //
 // Faults: a wait that times out records the fault (device_common.cuh) and the
 // call's results are void, so they are marked: the dispatch's last block
@@ -838,7 +839,11 @@ __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t
           for (int u = 0; u < kVecs; ++u) {
             const __nv_bfloat16* vals = reinterpret_cast<const __nv_bfloat16*>(&raw[u][j]);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) acc[u][i] += s_weight[k] * __bfloat162float(vals[i]);
+            for (int i = 0; i < 8; ++i) {
+              // The contract's two roundings (product, then sum), not one fused
+              // multiply-add: the same bits as the oracle and the portable backend.
+              acc[u][i] = __fadd_rn(acc[u][i], __fmul_rn(s_weight[k], __bfloat162float(vals[i])));
+            }
           }
         }
       }

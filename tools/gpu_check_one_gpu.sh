@@ -22,9 +22,9 @@ one_gpu_run() {
   shift 5
   local log="$OUT/$label.log" begin rc line
   begin=$(date +%s)
-  # shellcheck disable=SC2086
+  # $path and $launch_flags may hold several words. shellcheck disable=SC2086
   env "$@" timeout "$ONE_GPU_SUITE_TIMEOUT_S" "$PY" -m jax_ep.launch -n "$n" \
-      --devices "$(devices_for "$n")" $launch_flags -m pytest "$path" -q -p no:cacheprovider \
+      --devices "$(devices_for "$n")" $launch_flags -m pytest $path -q -p no:cacheprovider \
       ${filter:+-k "$filter"} > "$log" 2>&1
   rc=$?
   line=$(grep -E "^\[rank 0\] .*[0-9]+ (passed|failed|error|skipped)" "$log" | tail -1)

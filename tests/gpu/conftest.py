@@ -17,6 +17,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# XLA:GPU may keep an intermediate in float32 where the program rounds it to
+# bfloat16 (excess precision, on by default); the host oracle rounds where the
+# program says, so the tests ask XLA to do the same. Set before JAX's backends
+# start.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_allow_excess_precision=false").strip()
+
 from jax_ep import launch  # noqa: E402
 
 _LAUNCHED = launch.initialize_distributed_from_env()

@@ -24,16 +24,10 @@ SHAPES = [  # (E, K, T_ll, T_local, H)
 ]
 NUM_CALLS = 1000
 
-# The LL combine kernel accumulates acc = fma(w, y, acc): the GPU fuses the
-# multiply-add (one rounding per term where the contract rounds the product,
-# then the sum). Here every term w_k * y_k of an output element has that
-# element's sign (w >= 0; _expert scales by c > 0 a row of the same token), so
-# each evaluation is within K * u * |sum| of the exact sum (u = 2**-24) and the
-# two float32 results within 2 K u |sum| <= 2**-20 |sum| (K <= 8) of each
-# other: less than one bf16 spacing (>= 2**-8 |sum|), so their roundings to
-# bf16 differ by at most one ulp. The portable backend does the contract's
-# operations exactly (bitwise).
-LL_COMBINE_ULPS = 0 if ON_CPU else 1
+# The LL combine evaluates the contract's operations exactly: in k order,
+# acc = fl(acc + fl(w * y)), on the kernel (no fused multiply-add,
+# cuda/ll_kernels.cu) and on the portable backend alike: bitwise.
+LL_COMBINE_ULPS = 0
 # FP8 scales: the kernel divides amax / 448 like the host (bitwise); XLA's
 # portable path multiplies by fl(1/448), which moves the quotient by less than
 # one float32 ulp (see tests/cpu/test_host_reference.py).
