@@ -24,7 +24,7 @@ one_gpu_run() {
   begin=$(date +%s)
   # $path and $launch_flags may hold several words. shellcheck disable=SC2086
   env "$@" timeout "$ONE_GPU_SUITE_TIMEOUT_S" "$PY" -m jax_ep.launch -n "$n" \
-      --devices "$(devices_for "$n")" $launch_flags -m pytest $path -q -p no:cacheprovider \
+      --devices "$(devices_for "$n")" $launch_flags -m pytest $path -q -s -p no:cacheprovider \
       ${filter:+-k "$filter"} > "$log" 2>&1
   rc=$?
   line=$(grep -E "^\[rank 0\] .*[0-9]+ (passed|failed|error|skipped)" "$log" | tail -1)
@@ -88,13 +88,16 @@ one_gpu_faults() {
   done
 }
 
-one_gpu_example() {
-  local log="$OUT/example_ep1.log"
-  timeout 300 "$PY" examples/moe_layer.py > "$log" 2>&1
-  local rc=$?
-  note "example (EP1, one process) rc=$rc: $(grep -E "backend|kernels|OK|MISMATCH" "$log" \
-      | tail -3 | tr '\n' ' ')"
-  [ "$rc" -ne 0 ] && status=1 && tail -20 "$log"
+one_gpu_example() {  # the main job and the README's snippet, one process on the GPU (EP1)
+  local name log rc
+  for name in moe_layer readme_use; do
+    log="$OUT/example_${name}_ep1.log"
+    timeout 300 "$PY" "examples/$name.py" > "$log" 2>&1
+    rc=$?
+    note "examples/$name.py (EP1, one process) rc=$rc: $(grep -vE "^[IWE][0-9]{4} " "$log" \
+        | grep -E "backend|custom calls|OK|MISMATCH|out\[" | tail -3 | tr '\n' ' ')"
+    [ "$rc" -ne 0 ] && status=1 && tail -20 "$log"
+  done
 }
 
 one_gpu_qp() {

@@ -102,17 +102,22 @@ def ep_mesh() -> jax.sharding.Mesh:
 
 
 def setup(**config_kwargs) -> tuple[jax_ep.EpConfig, jax.sharding.Mesh]:
-  """initialize() for a config; on CUDA with fallback="error" (unless given),
-  so an op that would take the portable path (an XLA collective) fails at
-  trace time instead of hanging where the processes share a GPU."""
+  """initialize() for a config on the EP axis over every process (ep_mesh)."""
+  mesh = ep_mesh()
+  return setup_mesh(mesh, **config_kwargs), mesh
+
+
+def setup_mesh(mesh: jax.sharding.Mesh, **config_kwargs) -> jax_ep.EpConfig:
+  """initialize() for a config on `mesh`; on CUDA with fallback="error" (unless
+  given), so an op that would take the portable path (an XLA collective) fails
+  at trace time instead of hanging where the processes share a GPU."""
   if not ON_CPU:
     config_kwargs.setdefault("fallback", "error")
   config_kwargs.setdefault("timeout_s", SHARED_GPU_TIMEOUT_S if gpus_shared() else TIMEOUT_S)
   config = jax_ep.EpConfig(**config_kwargs)
-  mesh = ep_mesh()
   jax_ep.initialize(config, mesh)
   assert jax_ep.runtime_state().backend_name == ("xla" if ON_CPU else "cuda")
-  return config, mesh
+  return config
 
 
 def global_array(mesh, local: np.ndarray):
