@@ -7,11 +7,16 @@
 include(CheckLanguage)
 check_language(CUDA)
 
-execute_process(
-  COMMAND "${Python_EXECUTABLE}" -c
-          "import importlib.util as u; s = u.find_spec('nvidia.nvshmem'); print(list(s.submodule_search_locations)[0] if s else '')"
-  OUTPUT_VARIABLE JAX_EP_NVSHMEM_DIR OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-set(JAX_EP_NVSHMEM_DIR "${JAX_EP_NVSHMEM_DIR}" CACHE PATH "nvidia/nvshmem directory of the nvidia-nvshmem-cu13 wheel")
+# JAX_EP_NVSHMEM_DIR (-D, e.g. another NVSHMEM for the per-QP API: tools/gpu_check.sh
+# qp) wins; otherwise the installed nvidia-nvshmem-cu13 wheel's directory.
+if(NOT JAX_EP_NVSHMEM_DIR)
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -c
+            "import importlib.util as u; s = u.find_spec('nvidia.nvshmem'); print(list(s.submodule_search_locations)[0] if s else '')"
+    OUTPUT_VARIABLE _jax_ep_wheel_nvshmem OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  set(JAX_EP_NVSHMEM_DIR "${_jax_ep_wheel_nvshmem}" CACHE PATH
+      "nvidia/nvshmem directory of the nvidia-nvshmem-cu13 wheel" FORCE)
+endif()
 
 set(_jax_ep_cuda_missing "")
 if(NOT CMAKE_CUDA_COMPILER)
