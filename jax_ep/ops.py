@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
+from jax_ep import _other_axes
 from jax_ep import _validate
 from jax_ep import local_ops
 from jax_ep import runtime
@@ -88,6 +89,8 @@ def get_dispatch_layout(topk_idx: jax.Array, *, config: EpConfig):
     (tokens_per_rank int32[R], tokens_per_expert int32[E], is_token_in_rank
     bool[T_local, R]); a token counts once per rank and once per expert.
   """
+  if _other_axes.other_axes():
+    return _other_axes.per_group(get_dispatch_layout, topk_idx, config=config)
   state, _ = _prepare("get_dispatch_layout", config)
   idx = _validate.topk_indices(topk_idx, topk_idx.shape[0] if topk_idx.ndim == 2 else -1,
                                config, "get_dispatch_layout")
@@ -115,6 +118,9 @@ def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfi
   Returns:
     DispatchResult (see jax_ep.types).
   """
+  if _other_axes.other_axes():
+    return _other_axes.per_group(dispatch, x, topk_idx, topk_weights, config=config,
+                                 capacity=capacity)
   op = "dispatch"
   state, num_ranks = _prepare(op, config, every_rank=True)
   is_fp8 = isinstance(x, (tuple, list))
@@ -176,6 +182,8 @@ def combine(y: jax.Array, handle: DispatchHandle, *, config: EpConfig) -> jax.Ar
     [T_local, H] of y.dtype: out[t] = sum over ranks r that received token t of
     y_r[row of t on r], accumulated in float32; zeros for tokens sent nowhere.
   """
+  if _other_axes.other_axes():
+    return _other_axes.per_group(combine, y, handle, config=config)
   op = "combine"
   state, _ = _prepare(op, config, every_rank=True)
   _check_handle(handle, DispatchHandle, config, op)
@@ -233,6 +241,9 @@ def low_latency_dispatch(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
   Returns:
     LowLatencyDispatchResult (see jax_ep.types).
   """
+  if _other_axes.other_axes():
+    return _other_axes.per_group(low_latency_dispatch, x, topk_idx, config=config,
+                                 use_fp8=use_fp8)
   op = "low_latency_dispatch"
   state, _ = _prepare(op, config)
   num_tokens = _validate.tokens(x, config, op, low_latency=True)
@@ -300,6 +311,9 @@ def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Arr
     [T_local, H] of y.dtype: out[t] = sum over valid k of w[t, k] * y_{rank of e_k}
     [e_k local, row of (t, e_k)], accumulated in float32.
   """
+  if _other_axes.other_axes():
+    return _other_axes.per_group(low_latency_combine, y, topk_idx, topk_weights, handle,
+                                 config=config)
   op = "low_latency_combine"
   state, num_ranks = _prepare(op, config)
   _check_handle(handle, LowLatencyHandle, config, op)
@@ -376,6 +390,18 @@ jax.tree_util.register_dataclass(_Pending, data_fields=["sent", "handle"],
 LowLatencyPending = _Pending
 
 
+def _require_every_axis_manual(op: str) -> None:
+  """The split ops run only inside a shard_map over every mesh axis: their
+  pending state holds per-group scalars (the ticket) that do not stack."""
+  others = _other_axes.other_axes()
+  if others:
+    raise EpConfigError(
+        f"jax_ep.{op}: the split low-latency ops need a shard_map over every mesh axis, but "
+        f"{others} are not manual here (axis_names= a subset); use the one-call op, or "
+        "shard_map over the whole mesh (each coordinate of the other axes is its own EP group "
+        "either way)")
+
+
 def _no_grad(fn, name: str):
   """fn with a custom_vjp whose backward raises a clear error."""
   wrapped = jax.custom_vjp(fn)
@@ -396,6 +422,7 @@ def low_latency_dispatch_send(x: jax.Array, topk_idx: jax.Array, *, config: EpCo
   low_latency_dispatch_recv; compute in between overlaps with the transfer.
   """
   op = "low_latency_dispatch_send"
+  _require_every_axis_manual(op)
   state, _ = _prepare(op, config)
   num_tokens = _validate.tokens(x, config, op, low_latency=True)
   idx = _validate.topk_indices(topk_idx, num_tokens, config, op)
@@ -414,6 +441,7 @@ def low_latency_dispatch_recv(pending: LowLatencyPending, *,
                               config: EpConfig) -> LowLatencyDispatchResult:
   """Second half of low_latency_dispatch: waits for the rows; same result."""
   op = "low_latency_dispatch_recv"
+  _require_every_axis_manual(op)
   _prepare(op, config)
   if not isinstance(pending, _Pending) or pending.handle is not None or pending.config != config:
     raise EpConfigError(f"jax_ep.{op}: pass the result of low_latency_dispatch_send with the "
@@ -427,6 +455,7 @@ def low_latency_combine_send(y: jax.Array, handle: LowLatencyHandle, *,
                              config: EpConfig) -> LowLatencyPending:
   """First half of low_latency_combine: starts returning the rows."""
   op = "low_latency_combine_send"
+  _require_every_axis_manual(op)
   state, num_ranks = _prepare(op, config)
   _check_handle(handle, LowLatencyHandle, config, op)
   rows = num_ranks * config.ll_max_tokens
@@ -443,6 +472,7 @@ def low_latency_combine_recv(pending: LowLatencyPending, topk_idx: jax.Array,
                              topk_weights: jax.Array, *, config: EpConfig) -> jax.Array:
   """Second half of low_latency_combine: waits and reduces; same result."""
   op = "low_latency_combine_recv"
+  _require_every_axis_manual(op)
   _prepare(op, config)
   if not isinstance(pending, _Pending) or pending.handle is None or pending.config != config:
     raise EpConfigError(f"jax_ep.{op}: pass the result of low_latency_combine_send with the "

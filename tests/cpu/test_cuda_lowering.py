@@ -423,3 +423,35 @@ def test_default_memory_of_the_readme_config():
     assert jax_ep.buffer_bytes(config, num_ranks) <= 4 * 2**30
   families = jax_ep.buffers.buffer_bytes_by_family(config, 8)
   assert families["low_latency"] < 2 * 2**30 and families["high_throughput"] < 1.5 * 2**30
+
+
+@pytest.mark.parametrize("axes,partial", [("expert", False), (("data", "expert"), False),
+                                          ("expert", True)])
+def test_ep_groups_lower_to_the_kernels_with_the_group_size(axes, partial):
+  """A (2, 4) mesh: the config attribute carries R = the group's size (4, or 8 for
+  both axes); a shard_map over the EP axis alone runs the kernels per group too."""
+  mesh = jax.make_mesh((2, 4), ("data", "expert"), devices=jax.devices()[:8])
+  num_ranks = 8 if isinstance(axes, tuple) else 4
+  config = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=8, num_topk=4,
+                           axis_name=axes, fallback="error")
+
+  def fn(x, idx, w):
+    d = jax_ep.dispatch(x, idx, w, config=config)
+    ll = jax_ep.low_latency_dispatch(x, idx, config=config)
+    return (jax_ep.combine(d.x, d.handle, config=config),
+            jax_ep.low_latency_combine(ll.x, idx, w, ll.handle, config=config))
+
+  spec = P("expert") if partial else P(("data", "expert"))
+  shapes = (((64, 256), jnp.bfloat16), ((64, 4), jnp.int32), ((64, 4), jnp.float32))
+  sharding = NamedSharding(mesh, P(("data", "expert")))
+  args = [jax.ShapeDtypeStruct(s, d, sharding=sharding) for s, d in shapes]
+  with lowering_only(config, mesh, backend="cuda"):
+    mapped = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec,
+                                   axis_names={"expert"} if partial else {"data", "expert"}))
+    text = mapped.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  calls = _custom_calls(text)
+  assert sorted(_targets(calls)) == ["jax_ep_ht_combine", "jax_ep_ht_dispatch",
+                                     "jax_ep_ll_combine", "jax_ep_ll_dispatch"], _targets(calls)
+  for call in calls:
+    assert _attr(call, "num_ranks") == f"{num_ranks} : i64", call
+  assert "all_to_all" not in text and "all_gather" not in text

@@ -158,3 +158,55 @@ def test_gradients_per_group_equal_the_one_axis_mesh_of_the_group(shape, names, 
     for a, b, name in zip(got, want, ("grad x", "grad w")):
       _bitwise(a[members], b, name)
     jax_ep.initialize(config, mesh)
+
+
+@pytest.mark.parametrize("axis_type", ["explicit", "auto"])
+def test_shard_map_over_the_ep_axis_alone_runs_each_group(axis_type):
+  """shard_map(axis_names={"expert"}) on a (2, 4) mesh: the ops run once per
+  coordinate of "data" (a nested shard_map), each group equal to the same group
+  in a shard_map over the whole mesh; per-group scalars come out one per group."""
+  types = {"explicit": jax.sharding.AxisType.Explicit, "auto": jax.sharding.AxisType.Auto}
+  mesh = jax.make_mesh((2, 4), ("data", "expert"), devices=jax.devices()[:8],
+                       axis_types=(types[axis_type],) * 2)
+  config = jax_ep.EpConfig(num_experts=16, hidden=H, max_tokens_per_rank=T, num_topk=K,
+                           axis_name="expert")
+  jax_ep.initialize(config, mesh)
+  x, idx, w = _inputs(8, config.num_experts, seed=11)
+
+  def ops(x, idx, w):
+    d = jax_ep.dispatch(x, idx, w, config=config)
+    ll = jax_ep.low_latency_dispatch(x, idx, config=config)
+    return (d.x, d.num_tokens, d.tokens_per_expert, jax_ep.combine(d.x, d.handle, config=config),
+            ll.count, jax_ep.low_latency_combine(ll.x, idx, w, ll.handle, config=config))
+
+  # Partial: blocks of the global inputs, in the order the two shard_maps split them:
+  # "expert" coordinate e takes block e of 4, then "data" coordinate d takes half d of it.
+  order = [e * 2 + d for d in range(2) for e in range(4)]  # partial block of device (d, e)
+  partial_in = [np.concatenate([a[order.index(b)] for b in range(8)]) for a in (x, idx, w)]
+  in_spec = P("expert")
+  args = [jax.device_put(a, NamedSharding(mesh, P(("expert", "data")))) for a in partial_in]
+  partial = jax.jit(jax.shard_map(ops, mesh=mesh, in_specs=in_spec, out_specs=in_spec,
+                                  axis_names={"expert"}))(*args)
+  partial = [np.asarray(p) for p in partial]
+  assert partial[1].shape == (8,)  # num_tokens: one per group (and expert shard)
+  full = _run(ops, mesh, x, idx, w)
+  for name, got, want in zip(("x", "num_tokens", "tokens_per_expert", "HT combine", "LL count",
+                               "LL combine"), partial, full):
+    per_block = got.reshape((8, -1) + got.shape[1:])  # partial block b, in global order
+    for device in range(8):
+      _bitwise(per_block[order[device]].reshape(np.shape(want[device])), want[device], name)
+
+
+def test_split_ops_need_every_axis_manual():
+  mesh = jax.make_mesh((2, 4), ("data", "expert"), devices=jax.devices()[:8])
+  config = jax_ep.EpConfig(num_experts=16, hidden=H, max_tokens_per_rank=T, num_topk=K,
+                           axis_name="expert")
+  jax_ep.initialize(config, mesh)
+  x, idx, _ = _inputs(8, config.num_experts, seed=3)
+  args = [jax.device_put(a.reshape((-1,) + a.shape[2:]), NamedSharding(mesh, P(("expert",
+                                                                                 "data"))))
+          for a in (x, idx)]
+  send = lambda x, i: jax_ep.low_latency_dispatch_send(x, i, config=config).live  # noqa: E731
+  with pytest.raises(jax_ep.EpConfigError, match="need a shard_map over every mesh axis"):
+    jax.jit(jax.shard_map(send, mesh=mesh, in_specs=P("expert"), out_specs=P(),
+                          axis_names={"expert"})).trace(*args)
