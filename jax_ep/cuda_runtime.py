@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import os
 import pickle
+import socket
 import sys
 
 import jax
@@ -30,6 +31,29 @@ _generation = itertools.count()
 
 # NVLink multicast (NVLS) must stay off on shared machines; harmless elsewhere.
 _NVSHMEM_ENV_DEFAULTS = {"NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def nvshmem_environment(hostnames: list[str], environ) -> dict[str, str]:
+  """What jax_ep sets for NVSHMEM before it starts, given every process's host:
+  its defaults that the environment does not set already. One host: no remote
+  transport (NVSHMEM would otherwise look for InfiniBand devices); several:
+  NVSHMEM's own choice (set NVSHMEM_REMOTE_TRANSPORT to pick one)."""
+  wanted = dict(_NVSHMEM_ENV_DEFAULTS)
+  if len(set(hostnames)) == 1:
+    wanted["NVSHMEM_REMOTE_TRANSPORT"] = "none"
+  return {key: value for key, value in wanted.items() if key not in environ}
+
+
+def missing_distributed_setup(environ) -> str:
+  """Why several processes cannot find each other yet, and what to do."""
+  if any(key in environ for key in ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE",
+                                    "OMPI_MCA_orte_hnp_uri")):
+    return ("jax_ep: this process runs under SLURM or Open MPI but jax.distributed is not "
+            "initialised: call jax.distributed.initialize() (it reads the cluster's "
+            "variables) before jax_ep.initialize")
+  return ("jax_ep: jax.distributed is not initialised: launch with python -m jax_ep.launch, or "
+          "call jax.distributed.initialize(coordinator_address, num_processes, process_id, "
+          "local_device_ids=[gpu]) in every process first")
 
 # Testing only: EP ranks the kernels treat as reachable only by RDMA, "all"
 # (every other rank) or a comma-separated list, so that the RDMA branch of the
@@ -155,15 +179,18 @@ def _process_group(config: EpConfig, mesh: jax.sharding.Mesh) -> groups.EpGroup:
 
 def _bootstrap(module, config: EpConfig, group_size: int, device: int, generation: int) -> None:
   """Starts NVSHMEM over every process: PE = jax.process_index()."""
-  for key, value in _NVSHMEM_ENV_DEFAULTS.items():
-    os.environ.setdefault(key, value)
+  pe, npes = jax.process_index(), jax.process_count()
+  if npes > 1 and _client() is None:
+    raise EpError(missing_distributed_setup(os.environ))
+  hosts = [h.decode() for h in _exchange(f"jax_ep/{generation}/host",
+                                          socket.gethostname().encode())]
+  chosen = nvshmem_environment(hosts, os.environ)
+  os.environ.update(chosen)
+  if chosen:
+    logging.info("jax_ep: NVSHMEM environment %s (%d host(s))", chosen, len(set(hosts)))
   # Reserve the first config's buffers up front (the heap can grow later).
   os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE",
                         str(buffer_bytes(config, group_size, rdma_staging=True) + (256 << 20)))
-  pe, npes = jax.process_index(), jax.process_count()
-  if npes > 1 and _client() is None:
-    raise EpError("jax_ep: jax.distributed is not initialised; launch with python -m "
-                  "jax_ep.launch (or call jax.distributed.initialize first)")
   key = f"jax_ep/{generation}/nvshmem_uid"
   if pe == 0:
     uid = module.get_unique_id()
