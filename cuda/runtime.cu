@@ -116,6 +116,12 @@ NvshmemVersion Runtime::CompiledVersion() {
 
 bool Runtime::HasQpApi() { return JAX_EP_HAVE_QP_API != 0; }
 
+bool Runtime::NvshmemAlreadyInitialized() {
+  return nvshmemx_init_status() >= NVSHMEM_STATUS_IS_INITIALIZED;
+}
+
+int Runtime::MyPe() const { return initialized_ ? nvshmem_my_pe() : -1; }
+
 std::string Runtime::GetUniqueId(std::string* uid) {
   nvshmemx_uniqueid_t id = NVSHMEMX_UNIQUEID_INITIALIZER;
   if (nvshmemx_get_uniqueid(&id) != 0) return "jax_ep: nvshmemx_get_uniqueid failed";
@@ -143,17 +149,23 @@ std::string Runtime::Init(int pe, int npes, const std::string& uid, int device) 
            std::to_string(compiled.minor) + "." + std::to_string(compiled.patch) +
            "; install that nvidia-nvshmem-cu13 version (or newer, same major) or rebuild jax_ep";
   }
-  if (uid.size() != sizeof(nvshmemx_uniqueid_t)) {
+  // Another library of this process (nvshmem4py, for one) may have started
+  // NVSHMEM already: then jax_ep joins it (pe/npes are NVSHMEM's; the caller
+  // passes -1) and the init call below only registers this module's device state.
+  joined_ = nvshmemx_init_status() >= NVSHMEM_STATUS_IS_INITIALIZED;
+  if (!joined_ && uid.size() != sizeof(nvshmemx_uniqueid_t)) {
     return "jax_ep: NVSHMEM unique id has " + std::to_string(uid.size()) + " bytes, expected " +
            std::to_string(sizeof(nvshmemx_uniqueid_t));
   }
   cudaError_t err = cudaSetDevice(device);
   if (err != cudaSuccess) return CudaError("cudaSetDevice", err);
-  nvshmemx_uniqueid_t id;
-  std::memcpy(&id, uid.data(), sizeof(id));
   nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
-  if (nvshmemx_set_attr_uniqueid_args(pe, npes, &id, &attr) != 0) {
-    return "jax_ep: nvshmemx_set_attr_uniqueid_args failed";
+  if (!joined_) {
+    nvshmemx_uniqueid_t id;
+    std::memcpy(&id, uid.data(), sizeof(id));
+    if (nvshmemx_set_attr_uniqueid_args(pe, npes, &id, &attr) != 0) {
+      return "jax_ep: nvshmemx_set_attr_uniqueid_args failed";
+    }
   }
   // What nvshmemx_init_attr() does, returning the status instead of exiting.
   int provided = 0;
@@ -161,15 +173,16 @@ std::string Runtime::Init(int pe, int npes, const std::string& uid, int device) 
                                 NVSHMEM_VENDOR_PATCH_VERSION};
   nvshmemx_init_init_attr_ver_only(attr);
   const int status = nvshmemi_init_thread(NVSHMEM_THREAD_SERIALIZED, &provided,
-                                          NVSHMEMX_INIT_WITH_UNIQUEID, &attr, version);
+                                          joined_ ? 0u : NVSHMEMX_INIT_WITH_UNIQUEID, &attr,
+                                          version);
   if (status != 0) {
     return "jax_ep: NVSHMEM initialisation failed (status " + std::to_string(status) +
            "); rerun with NVSHMEM_DEBUG=INFO for details";
   }
-  if (nvshmem_my_pe() != pe || nvshmem_n_pes() != npes) {
+  if (!joined_ && (nvshmem_my_pe() != pe || nvshmem_n_pes() != npes)) {
     return "jax_ep: NVSHMEM PE " + std::to_string(nvshmem_my_pe()) + " of " +
-           std::to_string(nvshmem_n_pes()) + " does not match the process's PE " + std::to_string(pe) +
-           " of " + std::to_string(npes);
+           std::to_string(nvshmem_n_pes()) + " does not match the process's PE " +
+           std::to_string(pe) + " of " + std::to_string(npes);
   }
   device_ = device;
   err = cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device);
@@ -435,7 +448,7 @@ std::string Runtime::Finalize() {
   masked_device_ = nullptr;
   if (masked_host_ != nullptr) cudaFreeHost(masked_host_);
   masked_host_ = masked_host_on_device_ = nullptr;
-  nvshmem_finalize();
+  if (!joined_) nvshmem_finalize();  // a runtime jax_ep joined is its starter's to end
   if (barrier_stream_ != nullptr) cudaStreamDestroy(barrier_stream_);
   barrier_stream_ = nullptr;
   if (barrier_result_ != nullptr) cudaFree(barrier_result_);

@@ -68,13 +68,21 @@ class Runtime {
   static NvshmemVersion LoadedVersion();
   static NvshmemVersion CompiledVersion();
   static bool HasQpApi();
+  // Whether NVSHMEM is up in this process already (another library started it).
+  static bool NvshmemAlreadyInitialized();
+  // This process's PE, or -1 before Init.
+  int MyPe() const;
 
   // 128-byte NVSHMEM unique id (EP rank 0 creates it). Returns "" or an error.
   std::string GetUniqueId(std::string* uid);
   // Bootstraps NVSHMEM with PE = pe of npes (every process of the job: one PE
   // each) on CUDA device `device`, and registers this extension's device
-  // state. Idempotent.
+  // state. Idempotent. When another library of the process started NVSHMEM
+  // already, joins it instead (pe, npes and uid are then not used; see joined()).
   std::string Init(int pe, int npes, const std::string& uid, int device);
+  // Whether Init joined an NVSHMEM runtime another library had started (it is
+  // then that library's to finalise).
+  bool joined() const { return joined_; }
   // P2P (load/store) reachability of every PE from this one (PEs set by
   // SetRdmaOnlyPeers count as unreachable).
   std::vector<bool> ProbePeers() const;
@@ -122,6 +130,7 @@ class Runtime {
   std::string BoundedBarrier(const char* step);
 
   bool initialized_ = false;
+  bool joined_ = false;
   int device_ = -1;
   int num_sms_ = 0;
   char* base_ = nullptr;

@@ -77,6 +77,13 @@ class CudaRuntime:
   config: EpConfig
   group: groups.EpGroup
   rdma_staging: bool
+  group_pes: tuple[int, ...] = ()
+  joined: bool = False
+
+  # group_pes[r]: the NVSHMEM PE of EP rank r (= its process index, unless jax_ep
+  # joined an NVSHMEM runtime another library started, with its own numbering):
+  # what a user's own NVSHMEM code (nvshmem4py) needs to address this EP group.
+  # joined: NVSHMEM was up before jax_ep (it is then its starter's to finalise).
 
   @property
   def num_ranks(self) -> int:
@@ -102,7 +109,7 @@ class CudaRuntime:
   def probe_peers(self) -> list[bool]:
     """Load/store reachability of each EP rank of the group."""
     reachable = self.module.probe_peers()
-    return [reachable[pe] for pe in self.group.processes]
+    return [reachable[pe] for pe in self.group_pes]
 
   def read_profile(self) -> dict:
     """The in-kernel profile (JAX_EP_PROFILE=1 at initialize), read and reset; syncs."""
@@ -216,10 +223,24 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
   device = jax.local_devices()[0].local_hardware_id
   generation = next(_generation)
   if previous is None or not module.initialized():
-    _bootstrap(module, config, num_ranks, device, generation)
+    if module.nvshmem_already_initialized():
+      # nvshmem4py (or another library) started NVSHMEM in this process: join it.
+      try:
+        module.init(-1, -1, b"", device)
+      except RuntimeError as e:
+        raise EpError(str(e)) from None
+      logging.info("jax_ep: joined the NVSHMEM runtime already started in this process "
+                   "(PE %d)", module.my_pe())
+    else:
+      _bootstrap(module, config, num_ranks, device, generation)
+  # Every process's PE (its process index, unless a joined runtime numbers them
+  # otherwise), so that EP ranks map to PEs.
+  pe_of_process = [int(v) for v in _exchange(f"jax_ep/{generation}/pe",
+                                             str(module.my_pe()).encode())]
+  group_pes = tuple(pe_of_process[p] for p in group.processes)
 
   forced_rdma = testing_rdma_peers(rank, num_ranks)
-  module.set_rdma_only_peers([group.processes[r] for r in forced_rdma])
+  module.set_rdma_only_peers([group_pes[r] for r in forced_rdma])
   if forced_rdma:
     logging.warning("jax_ep TESTING: EP ranks %s are treated as reachable only by RDMA (%s): the "
                     "kernels take their RDMA branch over NVSHMEM's P2P transport. For tests only.",
@@ -231,7 +252,7 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
   # The symmetric heap's layout must be the same on every PE, so RDMA staging is
   # allocated everywhere as soon as one group needs it.
   reachable = module.probe_peers()  # by PE
-  needs_rdma = b"0" if all(reachable[pe] for pe in group.processes) else b"1"
+  needs_rdma = b"0" if all(reachable[pe] for pe in group_pes) else b"1"
   rdma_staging = b"1" in _exchange(f"jax_ep/{generation}/rdma", needs_rdma)
   if rdma_staging and config.enable_high_throughput:
     raise EpError(
@@ -244,7 +265,7 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
            f"{families['high_throughput'] / 2**30:.2f} GiB for {config.max_tokens_per_rank} "
            "tokens per rank")
   try:
-    module.allocate(list(group.processes), rank, config.num_experts, config.hidden,
+    module.allocate(list(group_pes), rank, config.num_experts, config.hidden,
                     config.max_tokens_per_rank, config.ll_max_tokens, config.num_topk,
                     config.enable_low_latency, config.enable_high_throughput, rdma_staging,
                     float(config.timeout_s), int(config.num_sms or 0))
@@ -263,4 +284,5 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
         "dies unless recoverability is on: set JAX_ENABLE_RECOVERABILITY=1 (or "
         "jax.config.update('jax_enable_recoverability', True)) before jax.distributed."
         "initialize (docs/reliability.md)")
-  return CudaRuntime(module=module, config=config, group=group, rdma_staging=rdma_staging)
+  return CudaRuntime(module=module, config=config, group=group, rdma_staging=rdma_staging,
+                     group_pes=group_pes, joined=bool(module.joined()))

@@ -19,7 +19,9 @@
 #       qp        jax_ep rebuilt against the carried NVSHMEM 3.8.0 (per-QP API,
 #                 tools/nvshmem_qp_bundle.sh), then the rdma LL suite at N = 2
 #                 (runs last: it replaces the build)
-#       example   examples/moe_layer.py in one process on the CUDA backend
+#       example   examples/moe_layer.py and examples/readme_use.py in one process
+#       nvshmem4py nvshmem4py starts NVSHMEM, jax_ep joins it (tests/gpu_nvshmem4py;
+#                 needs the nvshmem4py-cu13 wheel carried in .whl)
 #   tools/gpu_check.sh [all|tests|bench|ll|ht|faults|build] [quick]
 #     one process per GPU (2 or more GPUs): machine.txt, build.log,
 #     tests_cmdbuf_{on,off}.log, bench.log, ht_sweep.png and the bench's

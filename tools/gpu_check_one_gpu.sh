@@ -130,10 +130,21 @@ PY
       | head -5 | tee -a "$SUMMARY"
 }
 
+one_gpu_nvshmem4py() {  # needs the nvshmem4py-cu13 wheel carried in .whl (see below)
+  if ! ls .whl/nvshmem4py* > /dev/null 2>&1; then
+    note "nvshmem4py: skipped (no .whl/nvshmem4py*: pip download --no-deps --only-binary=:all:"
+    note "    --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl nvshmem4py-cu13==0.4.1)"
+    return
+  fi
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/jax_ep_site .whl/*.whl
+  one_gpu_run "nvshmem4py_n2" 2 tests/gpu_nvshmem4py "" "" \
+      PYTHONPATH="/tmp/jax_ep_site:${PYTHONPATH:-}" XLA_FLAGS="${XLA_FLAGS:-}"
+}
+
 run_one_gpu() {
   local phases=("$@") phase
   if [[ ${#phases[@]} -eq 0 ]]; then
-    phases=(n2 n4 n8 long rdma faults example)
+    phases=(n2 n4 n8 long rdma faults example nvshmem4py)
     [[ -f "$QP_BUNDLE" ]] && phases+=(qp)
   fi
   note "one GPU, several processes: correctness only"
@@ -147,6 +158,7 @@ run_one_gpu() {
       faults) one_gpu_faults ;;
       example) one_gpu_example ;;
       qp) one_gpu_qp ;;
+      nvshmem4py) one_gpu_nvshmem4py ;;
       *) note "unknown phase $phase"; status=1 ;;
     esac
   done

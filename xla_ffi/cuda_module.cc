@@ -87,6 +87,9 @@ NB_MODULE(_jax_ep_cuda, m) {
   m.def("init", [](int pe, int npes, nb::bytes uid, int device) {
     Check(Runtime::Get().Init(pe, npes, std::string(uid.c_str(), uid.size()), device));
   });
+  m.def("nvshmem_already_initialized", &Runtime::NvshmemAlreadyInitialized);
+  m.def("joined", []() { return Runtime::Get().joined(); });
+  m.def("my_pe", []() { return Runtime::Get().MyPe(); });
   m.def("probe_peers", []() { return Runtime::Get().ProbePeers(); });
   m.def("set_rdma_only_peers",
         [](const std::vector<int>& pes) { Check(Runtime::Get().SetRdmaOnlyPeers(pes)); });
