@@ -119,3 +119,15 @@ def test_examples_start_like_the_launcher_on_one_gpu(monkeypatch):
 @pytest.mark.parametrize("args", [[], ["--fp8"]])
 def test_overlap_example(args):
   assert "max |diff| = 0.000e+00" in _example("ll_overlap.py", args)
+
+
+def test_data_expert_mesh_example():
+  """examples/data_expert_mesh.py: a (2, 4) mesh with EP over 'expert'; each data
+  replica's output equals its EP group run alone, bit for bit."""
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  result = subprocess.run([sys.executable, os.path.join(EXAMPLES, "data_expert_mesh.py")],
+                          env=env, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "mesh {'data': 2, 'expert': 4}, EP over 'expert': 2 groups of 4" in result.stdout
+  assert result.stdout.strip().endswith("OK: each data replica equals its EP group alone")
