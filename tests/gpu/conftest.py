@@ -31,6 +31,8 @@ _LAUNCHED = launch.initialize_distributed_from_env()
 import jax_ep  # noqa: E402
 from gpu_testing import ON_CPU, gpus_shared, missing_gpus, num_ranks, skip_all  # noqa: E402
 
+GROUP_MESH_PROCESSES = (4, 8)  # test_groups_gpu.MESHES
+
 
 def _skip_reason() -> str | None:
   if not _LAUNCHED:
@@ -45,10 +47,13 @@ _SKIP = _skip_reason()
 
 def pytest_ignore_collect(collection_path, config):
   """The remote-peer tests belong to that mode only (JAX_EP_TESTING_RDMA_PEERS set,
-  tools/gpu_check.sh one-gpu rdma); elsewhere they are not collected at all."""
+  tools/gpu_check.sh one-gpu rdma), and the EP-group tests to 4 or 8 processes
+  (their meshes); elsewhere they are not collected at all (nothing skipped)."""
   del config
   if collection_path.name == "test_rdma_peers_gpu.py":
     return not os.environ.get("JAX_EP_TESTING_RDMA_PEERS")
+  if collection_path.name == "test_groups_gpu.py":
+    return not _LAUNCHED or num_ranks() not in GROUP_MESH_PROCESSES
   return None
 
 
