@@ -28,13 +28,14 @@ from jax_ep.ops import (LowLatencyPending, combine, dispatch, get_dispatch_layou
 from jax_ep.buffers import buffer_bytes
 from jax_ep.runtime import finalize, initialize, mask_rank, masked_ranks, status, unmask_all
 from jax_ep.runtime import state as runtime_state
-from jax_ep.types import (DispatchHandle, DispatchResult, LowLatencyDispatchResult,
-                          LowLatencyHandle)
+from jax_ep.types import (DispatchHandle, DispatchResult, ExpertMajorHandle,
+                          LowLatencyDispatchResult, LowLatencyHandle)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "EpConfig", "EpConfigError", "buffer_bytes", "status", "EpError", "DispatchHandle", "DispatchResult",
+    "ExpertMajorHandle",
     "LowLatencyDispatchResult", "LowLatencyHandle", "LowLatencyPending", "combine", "dispatch", "finalize",
     "fp8", "get_dispatch_layout", "initialize", "low_latency_combine", "low_latency_combine_recv",
     "low_latency_combine_send", "low_latency_dispatch", "low_latency_dispatch_recv",

@@ -20,13 +20,14 @@ import jax
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from jax_ep.types import (DispatchHandle, DispatchResult, LowLatencyDispatchResult,
-                          LowLatencyHandle)
+from jax_ep.types import (DispatchHandle, DispatchResult, ExpertMajorHandle,
+                          LowLatencyDispatchResult, LowLatencyHandle)
 
 # Fields that are a scalar per group: stacked as one value per group outside.
 _PER_GROUP_SCALARS = {
     DispatchResult: ("num_tokens", "num_dropped", "num_invalid"),
     DispatchHandle: ("num_tokens",),
+    ExpertMajorHandle: ("num_tokens",),
     LowLatencyDispatchResult: ("num_invalid",),
     LowLatencyHandle: (),
 }
@@ -52,8 +53,9 @@ def _map_scalars(tree: Any, fn: Callable) -> Any:
   if fields is None:
     return tree
   changes = {name: fn(getattr(tree, name)) for name in fields}
-  if hasattr(tree, "handle"):
-    changes["handle"] = _map_scalars(tree.handle, fn)
+  for nested in ("handle", "token_major"):  # handles inside results and handles
+    if hasattr(tree, nested):
+      changes[nested] = _map_scalars(getattr(tree, nested), fn)
   return dataclasses.replace(tree, **changes)
 
 

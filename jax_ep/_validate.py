@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_ep import expert_major
 from jax_ep import fp8 as fp8_lib
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError
@@ -13,6 +14,7 @@ from jax_ep.runtime import RuntimeState
 
 ROW_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 INDEX_DTYPES = (jnp.int32, jnp.int64)
+LAYOUTS = ("token_major", "expert_major")  # of an HT dispatch
 
 
 def _dtype_names(dtypes) -> str:
@@ -131,4 +133,34 @@ def capacity(value: int | None, config: EpConfig, num_ranks: int, op: str) -> in
     raise EpConfigError(
         f"jax_ep.{op}: capacity must be an int in [1, {default}] (R * max_tokens_per_rank), "
         f"got {value!r}")
+  return value
+
+
+def expert_alignment(layout: str, alignment, op: str) -> int:
+  """Checks layout= and expert_alignment= of a dispatch; returns A."""
+  if layout not in LAYOUTS:
+    raise EpConfigError(f"jax_ep.{op}: layout must be one of {LAYOUTS}, got {layout!r}")
+  if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < 1:
+    raise EpConfigError(f"jax_ep.{op}: expert_alignment must be an int >= 1, got {alignment!r}")
+  if layout == "token_major" and alignment != 1:
+    raise EpConfigError(
+        f"jax_ep.{op}: expert_alignment={alignment} applies to layout='expert_major' (token-major "
+        "rows are not grouped by expert); pass layout='expert_major' or drop expert_alignment")
+  return alignment
+
+
+def pair_rows(value: int | None, alignment: int, config: EpConfig, num_ranks: int,
+              op: str) -> int:
+  """M of an expert-major dispatch: capacity= (a multiple of A, at most the
+  worst case) or the worst case."""
+  default = expert_major.default_rows(num_ranks, config.max_tokens_per_rank, config.num_topk,
+                                      config.experts_per_rank(num_ranks), alignment)
+  if value is None:
+    return default
+  if (not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= default
+      or value % alignment):
+    raise EpConfigError(
+        f"jax_ep.{op}: with layout='expert_major', capacity is the number of pair rows M: a "
+        f"multiple of expert_alignment={alignment} in [{alignment}, {default}] (the worst case "
+        f"R*T*min(K, E_local) + E_local*(A-1), rounded up to A), got {value!r}")
   return value

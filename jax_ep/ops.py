@@ -36,13 +36,14 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from jax_ep import _other_axes
 from jax_ep import _validate
+from jax_ep import expert_major
 from jax_ep import local_ops
 from jax_ep import runtime
 from jax_ep._vma import match_vma
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError, EpError
-from jax_ep.types import (DispatchHandle, DispatchResult, LowLatencyDispatchResult,
-                          LowLatencyHandle, LowLatencySent)
+from jax_ep.types import (DispatchHandle, DispatchResult, ExpertMajorHandle,
+                          LowLatencyDispatchResult, LowLatencyHandle, LowLatencySent)
 
 
 def _primal(tree: Any) -> Any:
@@ -64,6 +65,7 @@ class _Static:
   capacity: int = 0
   fp8: bool = False
   live: tuple[bool, ...] = ()
+  alignment: int = 1
 
 
 def _prepare(op: str, config: EpConfig,
@@ -101,8 +103,14 @@ def get_dispatch_layout(topk_idx: jax.Array, *, config: EpConfig):
 
 # ====================================================================== HT dispatch
 def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfig,
-             capacity: int | None = None) -> DispatchResult:
+             capacity: int | None = None, layout: str = "token_major",
+             expert_alignment: int = 1) -> DispatchResult:
   """Sends each token once to every rank holding one of its top-k experts.
+
+  With ``layout="token_major"`` (the default) each received token is one row;
+  with ``layout="expert_major"`` each received (token, local expert) pair is
+  one row, grouped by local expert and aligned for a grouped matmul
+  (``jax.lax.ragged_dot(d.x, w, d.group_sizes)``); see DispatchResult.
 
   Args:
     x: [T_local, H] bfloat16/float16/float32 rows, or a pair
@@ -113,16 +121,25 @@ def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfi
       see the module docstring).
     topk_weights: float [T_local, K] (used as float32).
     config: the EpConfig given to initialize().
-    capacity: rows of the result (default R * T). Tokens past it, in (source
-      rank, source token) order, are dropped and counted in ``num_dropped``.
+    capacity: rows of the result. Token-major: default R * T; tokens past it,
+      in (source rank, source token) order, are dropped and counted in
+      ``num_dropped``. Expert-major: M, a multiple of expert_alignment, default
+      (and at most) R*T*min(K, E_local) + E_local*(A-1) rounded up to A; pairs
+      whose row would be past it (the last experts' last rows) are dropped and
+      counted in ``num_dropped``.
+    layout: "token_major" or "expert_major".
+    expert_alignment: A >= 1 (expert-major only): every group's row count
+      (``group_sizes``) is a multiple of A, e.g. 128 for grouped-GEMM tiles.
   Returns:
     DispatchResult (see jax_ep.types).
   """
   if _other_axes.other_axes():
     return _other_axes.per_group(dispatch, x, topk_idx, topk_weights, config=config,
-                                 capacity=capacity)
+                                 capacity=capacity, layout=layout,
+                                 expert_alignment=expert_alignment)
   op = "dispatch"
   state, num_ranks = _prepare(op, config, every_rank=True)
+  alignment = _validate.expert_alignment(layout, expert_alignment, op)
   is_fp8 = isinstance(x, (tuple, list))
   if is_fp8:
     num_tokens = _validate.fp8_pair(x, config, op)
@@ -132,6 +149,12 @@ def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfi
     payloads = (x,)
   idx = _validate.topk_indices(topk_idx, num_tokens, config, op)
   weights = _validate.topk_weights(topk_weights, num_tokens, config, op)
+  if layout == "expert_major":
+    rows = _validate.pair_rows(capacity, alignment, config, num_ranks, op)
+    static = _Static(config=config, backend=state.backend, capacity=rows, fp8=is_fp8,
+                     alignment=alignment)
+    *payloads, idx, weights = _varying(config, *payloads, idx, weights)
+    return _ht_dispatch_expert_major(static, tuple(payloads), idx, weights)
   static = _Static(config=config, backend=state.backend,
                    capacity=_validate.capacity(capacity, config, num_ranks, op), fp8=is_fp8)
   *payloads, idx, weights = _varying(config, *payloads, idx, weights)
@@ -151,11 +174,8 @@ def _ht_dispatch_fwd(static, payloads, idx, weights):
 def _ht_dispatch_bwd(static, residuals, ct: DispatchResult):
   handle, out_idx = residuals
   backend = static.backend
+  _no_fp8_row_grads(static, ct)
   if static.fp8:
-    if not (_is_zero(ct.x) and _is_zero(ct.scales)):
-      raise EpError(
-          "jax_ep.dispatch: gradients through an FP8 dispatch's rows are not supported; "
-          "dispatch bfloat16 rows where you differentiate (gradients of topk_weights are)")
     grad_payloads = (None, None)
   else:
     grad_payloads = (None,) if _is_zero(ct.x) else (backend.ht_combine(ct.x, handle),)
@@ -169,39 +189,92 @@ def _ht_dispatch_bwd(static, residuals, ct: DispatchResult):
 _ht_dispatch.defvjp(_ht_dispatch_fwd, _ht_dispatch_bwd, symbolic_zeros=True)
 
 
+def _no_fp8_row_grads(static: _Static, ct: DispatchResult) -> None:
+  if static.fp8 and not (_is_zero(ct.x) and _is_zero(ct.scales)):
+    raise EpError(
+        "jax_ep.dispatch: gradients through an FP8 dispatch's rows are not supported; "
+        "dispatch bfloat16 rows where you differentiate (gradients of topk_weights are)")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ht_dispatch_expert_major(static: _Static, payloads, idx, weights) -> DispatchResult:
+  return static.backend.ht_dispatch_expert_major(payloads, idx, weights, static.config,
+                                                 static.capacity, static.alignment)
+
+
+def _ht_dispatch_expert_major_fwd(static, payloads, idx, weights):
+  result = _ht_dispatch_expert_major(static, *_primal((payloads, idx, weights)))
+  return result, result.handle
+
+
+def _ht_dispatch_expert_major_bwd(static, handle, ct: DispatchResult):
+  # x[t] went to every pair row of t: its gradient is the combine of ct.x. A
+  # pair's weight is the sum of its token's weights for that expert, so each
+  # of those weights gets the pair's cotangent; the other ranks add zeros.
+  backend = static.backend
+  _no_fp8_row_grads(static, ct)
+  if static.fp8:
+    grad_payloads = (None, None)
+  else:
+    grad_payloads = (None,) if _is_zero(ct.x) else (
+        backend.ht_combine_expert_major(ct.x, handle),)
+  grad_weights = None
+  if not _is_zero(ct.topk_weights):
+    per_slot = expert_major.slot_values(ct.topk_weights.astype(jnp.float32), handle.slot_row)
+    grad_weights = backend.ht_combine(per_slot, handle.token_major)
+  return grad_payloads, None, grad_weights
+
+
+_ht_dispatch_expert_major.defvjp(_ht_dispatch_expert_major_fwd, _ht_dispatch_expert_major_bwd,
+                                 symbolic_zeros=True)
+
+
 # ====================================================================== HT combine
-def combine(y: jax.Array, handle: DispatchHandle, *, config: EpConfig) -> jax.Array:
+def combine(y: jax.Array, handle: DispatchHandle | ExpertMajorHandle, *,
+            config: EpConfig) -> jax.Array:
   """Returns each dispatched row to its source and sums the copies of each token.
 
   Args:
-    y: [C, H] bfloat16/float16/float32, row i computed from dispatch row i
-      (weights already applied by the caller). Padding rows are ignored.
+    y: bfloat16/float16/float32 rows computed from the dispatch's rows, weights
+      already applied by the caller (e.g. ``y * d.topk_weights[:, None]`` for
+      the expert-major layout); padding rows are ignored. Token-major
+      (a DispatchHandle): [C, H], row i from dispatch row i. Expert-major (an
+      ExpertMajorHandle): [M, H], one row per pair.
     handle: DispatchResult.handle of the matching dispatch.
     config: the EpConfig given to initialize().
   Returns:
-    [T_local, H] of y.dtype: out[t] = sum over ranks r that received token t of
-    y_r[row of t on r], accumulated in float32; zeros for tokens sent nowhere.
+    [T_local, H] of y.dtype, accumulated in float32; zeros for tokens sent
+    nowhere. Token-major: out[t] = sum over ranks r that received token t of
+    y_r[row of t on r], in rank order. Expert-major: out[t] = sum over ranks r,
+    in rank order, of (sum over t's pairs on r, in ascending local expert, of
+    y_r[row of the pair]).
   """
   if _other_axes.other_axes():
     return _other_axes.per_group(combine, y, handle, config=config)
   op = "combine"
   state, _ = _prepare(op, config, every_rank=True)
-  _check_handle(handle, DispatchHandle, config, op)
-  capacity = handle.recv_src.shape[0]
-  if y.ndim != 2 or y.shape != (capacity, config.hidden):
+  _check_handle(handle, (DispatchHandle, ExpertMajorHandle), config, op)
+  expert_major_layout = isinstance(handle, ExpertMajorHandle)
+  rows = (handle.pair_src if expert_major_layout else handle.recv_src).shape[0]
+  if y.ndim != 2 or y.shape != (rows, config.hidden):
     raise EpConfigError(
-        f"jax_ep.{op}: y must be [{capacity}, {config.hidden}] (the dispatch's rows), "
+        f"jax_ep.{op}: y must be [{rows}, {config.hidden}] (the dispatch's rows), "
         f"got {y.shape}")
   if not any(y.dtype == jnp.dtype(d) for d in _validate.ROW_DTYPES):
     raise EpConfigError(f"jax_ep.{op}: y dtype {y.dtype} is not supported; use bfloat16, "
                         "float16 or float32")
   (y,) = _varying(config, y)
-  return _ht_combine(_Static(config=config, backend=state.backend), y, handle)
+  static = _Static(config=config, backend=state.backend)
+  if expert_major_layout:
+    return _ht_combine_expert_major(static, y, handle)
+  return _ht_combine(static, y, handle)
 
 
 def _check_handle(handle, cls, config: EpConfig, op: str) -> None:
-  if not isinstance(handle, cls):
-    raise EpConfigError(f"jax_ep.{op}: handle must be a {cls.__name__}, got "
+  classes = cls if isinstance(cls, tuple) else (cls,)
+  if not isinstance(handle, classes):
+    raise EpConfigError(f"jax_ep.{op}: handle must be a "
+                        f"{' or '.join(c.__name__ for c in classes)}, got "
                         f"{type(handle).__name__}")
   if handle.config != config:
     raise EpConfigError(f"jax_ep.{op}: the handle comes from a dispatch with {handle.config}, "
@@ -225,6 +298,26 @@ def _ht_combine_bwd(static, handle, ct):
 
 
 _ht_combine.defvjp(_ht_combine_fwd, _ht_combine_bwd, symbolic_zeros=True)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ht_combine_expert_major(static: _Static, y, handle):
+  return static.backend.ht_combine_expert_major(y, handle)
+
+
+def _ht_combine_expert_major_fwd(static, y, handle):
+  y, handle = _primal((y, handle))
+  return _ht_combine_expert_major(static, y, handle), handle
+
+
+def _ht_combine_expert_major_bwd(static, handle, ct):
+  if _is_zero(ct):
+    return None, None
+  return static.backend.ht_dispatch_cached_expert_major(ct, handle), None
+
+
+_ht_combine_expert_major.defvjp(_ht_combine_expert_major_fwd, _ht_combine_expert_major_bwd,
+                                symbolic_zeros=True)
 
 
 # ====================================================================== LL dispatch

@@ -70,12 +70,40 @@ def _ht_routing(all_idx: jax.Array, rank, config: EpConfig, capacity: int):
   return row, goes_here & (row < capacity), jnp.sum(goes_here, dtype=jnp.int32)
 
 
+def _worst_pair_rows(config: EpConfig, alignment: int) -> int:
+  num_ranks = _num_ranks(config)
+  experts_per_rank = config.num_experts // num_ranks
+  rows = (num_ranks * config.max_tokens_per_rank * min(config.num_topk, experts_per_rank)
+          + experts_per_rank * (alignment - 1))
+  return -(-rows // alignment) * alignment
+
+
+def _pair_routing(all_idx: jax.Array, rank, config: EpConfig, alignment: int, num_rows: int):
+  """For receiver ``rank``, over the gathered tokens j in (source rank, source
+  token) order and its local experts e: (row int32[R*T, E_local], kept
+  bool[R*T, E_local], count int32[E_local], padded, start)."""
+  num_ranks = all_idx.shape[0]
+  experts_per_rank = config.num_experts // num_ranks
+  flat = all_idx.reshape(-1, all_idx.shape[-1])
+  chooses = _chooses(flat, rank * experts_per_rank + jnp.arange(experts_per_rank))
+  count = jnp.sum(chooses, axis=0, dtype=jnp.int32)
+  padded = (count + alignment - 1) // alignment * alignment
+  start = jnp.cumsum(padded) - padded
+  row = start[None, :] + jnp.cumsum(chooses, axis=0) - 1
+  return row, chooses & (row < num_rows), count, padded, start
+
+
 def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfig,
-             capacity: int | None = None) -> dict:
+             capacity: int | None = None, layout: str = "token_major",
+             expert_alignment: int = 1) -> dict:
   """The HT dispatch, as a dict of the DispatchResult fields (no handle).
 
   ``x`` may be an array or an (x_fp8, scales) pair; ``scales`` is None otherwise.
+  ``layout="expert_major"``: the pair rows (``capacity``: M), with group_sizes.
   """
+  if layout == "expert_major":
+    return _dispatch_expert_major(x, topk_idx, topk_weights, config=config,
+                                  alignment=expert_alignment, capacity=capacity)
   num_ranks = _num_ranks(config)
   experts_per_rank = config.num_experts // num_ranks
   capacity = capacity or num_ranks * config.max_tokens_per_rank
@@ -108,9 +136,60 @@ def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfi
       num_invalid=jnp.sum((topk_idx < -1) | (topk_idx >= config.num_experts), dtype=jnp.int32))
 
 
+def _dispatch_expert_major(x, topk_idx, topk_weights, *, config: EpConfig, alignment: int,
+                           capacity: int | None) -> dict:
+  num_ranks = _num_ranks(config)
+  experts_per_rank = config.num_experts // num_ranks
+  num_rows = capacity or _worst_pair_rows(config, alignment)
+  me = jax.lax.axis_index(config.axis_name)
+  payloads = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+  all_idx = _gather(_clean(topk_idx, config), config)                     # [R, T, K]
+  flat_idx = all_idx.reshape(-1, all_idx.shape[-1])
+  flat_w = _gather(topk_weights.astype(jnp.float32), config).reshape(flat_idx.shape)
+  row, kept, count, padded, start = _pair_routing(all_idx, me, config, alignment, num_rows)
+  gathered = [_gather(p, config).reshape((-1,) + p.shape[1:]) for p in payloads]
+  outs = [jax.lax.bitcast_convert_type(jnp.zeros((num_rows,) + g.shape[1:], jnp.uint8), g.dtype)
+          if g.dtype == jnp.float8_e8m0fnu else jnp.zeros((num_rows,) + g.shape[1:], g.dtype)
+          for g in gathered]
+  out_idx = jnp.full((num_rows,), -1, jnp.int32)
+  out_w = jnp.zeros((num_rows,), jnp.float32)
+  for e in range(experts_per_rank):
+    target = jnp.where(kept[:, e], row[:, e], num_rows)
+    expert = me * experts_per_rank + e
+    weight = jnp.zeros(flat_idx.shape[:1], jnp.float32)
+    for k in range(flat_idx.shape[1]):
+      weight = weight + jnp.where(flat_idx[:, k] == expert, flat_w[:, k], 0.0)
+    outs = [_set_rows(o, target, g) for o, g in zip(outs, gathered)]
+    out_idx = out_idx.at[target].set(e, mode="drop")
+    out_w = out_w.at[target].set(weight, mode="drop")
+  room = jnp.maximum(num_rows - start, 0)
+  tokens_per_expert = jnp.minimum(room, count)
+  kept_pairs = jnp.sum(tokens_per_expert, dtype=jnp.int32)
+  return dict(
+      x=outs[0], scales=outs[1] if len(outs) > 1 else None, topk_idx=out_idx, topk_weights=out_w,
+      num_tokens=kept_pairs, tokens_per_expert=tokens_per_expert,
+      group_sizes=jnp.minimum(room, padded), num_dropped=jnp.sum(count) - kept_pairs,
+      num_invalid=jnp.sum((topk_idx < -1) | (topk_idx >= config.num_experts), dtype=jnp.int32))
+
+
+def _set_rows(out: jax.Array, target: jax.Array, rows: jax.Array) -> jax.Array:
+  """out[target] = rows (mode drop); float8_e8m0fnu as raw bytes (see _place_payload)."""
+  if out.dtype != jnp.float8_e8m0fnu:
+    return out.at[target].set(rows, mode="drop")
+  as_bytes = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint8)  # noqa: E731
+  return jax.lax.bitcast_convert_type(
+      as_bytes(out).at[target].set(as_bytes(rows), mode="drop"), out.dtype)
+
+
 def combine(y: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
-            capacity: int | None = None) -> jax.Array:
-  """The HT combine for rows ``y [C, H]`` produced from ``dispatch(x, topk_idx, ...)``."""
+            capacity: int | None = None, layout: str = "token_major",
+            expert_alignment: int = 1) -> jax.Array:
+  """The HT combine for rows ``y`` produced from ``dispatch(x, topk_idx, ...)``
+  with the same layout, capacity and alignment: token-major y [C, H], or
+  expert-major pair rows y [M, H]."""
+  if layout == "expert_major":
+    return _combine_expert_major(y, topk_idx, config=config, alignment=expert_alignment,
+                                 capacity=capacity)
   num_ranks = _num_ranks(config)
   capacity = capacity or num_ranks * config.max_tokens_per_rank
   me = jax.lax.axis_index(config.axis_name)
@@ -196,3 +275,27 @@ def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Arr
     contribution = topk_weights[:, k].astype(jnp.float32)[:, None] * picked.astype(jnp.float32)
     out = out + jnp.where((e >= 0)[:, None], contribution, 0.0)
   return out.astype(y.dtype)
+
+
+def _combine_expert_major(y: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
+                          alignment: int, capacity: int | None) -> jax.Array:
+  """out[t] = sum over ranks r in order of (sum over t's pairs on r in
+  ascending local expert of y_r[pair row]), each sum in float32."""
+  num_ranks = _num_ranks(config)
+  num_rows = capacity or _worst_pair_rows(config, alignment)
+  me = jax.lax.axis_index(config.axis_name)
+  num_tokens = topk_idx.shape[0]
+  all_idx = _gather(_clean(topk_idx, config), config)
+  all_y = _gather(y, config)                                              # [R, M, H]
+  trailing = (1,) * (y.ndim - 1)
+  total = jnp.zeros((num_tokens,) + y.shape[1:], jnp.float32)
+  for r in range(num_ranks):
+    row, kept, _, _, _ = _pair_routing(all_idx, r, config, alignment, num_rows)
+    my_rows = jax.lax.dynamic_slice_in_dim(row, me * num_tokens, num_tokens)
+    my_kept = jax.lax.dynamic_slice_in_dim(kept, me * num_tokens, num_tokens)
+    partial = jnp.zeros_like(total)
+    for e in range(row.shape[1]):
+      value = all_y[r][jnp.where(my_kept[:, e], my_rows[:, e], 0)].astype(jnp.float32)
+      partial = jnp.where(my_kept[:, e].reshape((-1,) + trailing), partial + value, partial)
+    total = total + partial
+  return total.astype(y.dtype)

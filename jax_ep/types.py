@@ -3,8 +3,9 @@
 Shapes use R (ranks on the EP axis), T (``max_tokens_per_rank``), T_ll (the
 low-latency ops' cap, ``EpConfig.ll_max_tokens``), T_local (the caller's token
 count, <= T or T_ll), K (top-k), E_local (experts per rank), H (hidden)
-and C (HT row capacity, ``R * T`` unless ``capacity=`` lowers it). A token's
-*source id* is ``src_rank * T_local + src_token``.
+C (HT row capacity, ``R * T`` unless ``capacity=`` lowers it) and M (the
+expert-major dispatch's pair rows, jax_ep.expert_major). A token's *source id*
+is ``src_rank * T_local + src_token``.
 """
 
 from __future__ import annotations
@@ -43,27 +44,70 @@ class DispatchHandle:
   config: EpConfig
 
 
-@_pytree(data=("x", "scales", "topk_idx", "topk_weights", "num_tokens", "tokens_per_expert",
-               "num_dropped", "num_invalid", "handle"))
+@_pytree(data=("token_major", "pair_src", "rows_by_expert", "slot_row", "num_tokens"),
+         meta=("config",))
 @dataclasses.dataclass(frozen=True)
-class DispatchResult:
-  """What an HT dispatch delivers to this rank.
-
-  Rows ``0 .. num_tokens-1`` hold the received tokens ordered by (source rank,
-  source token index); padding rows are zero with idx -1 and weight 0.
+class ExpertMajorHandle:
+  """Layout of one expert-major HT dispatch (jax_ep.expert_major), for combine
+  and the backward passes.
 
   Attributes:
-    x: [C, H], the dtype of the dispatched rows (bf16/f16/f32, or
-      float8_e4m3fn for an FP8 dispatch).
-    scales: [C, H/128] float32 (or float8_e8m0fnu) for an FP8 dispatch, else None.
-    topk_idx: int32[C, K]: the token's experts as local indices on this rank,
-      -1 where the choice lives on another rank.
-    topk_weights: float32[C, K]: 0 where topk_idx is -1.
-    num_tokens: int32[]: valid rows.
-    tokens_per_expert: int32[E_local]: valid rows choosing each local expert.
-    num_dropped: int32[]: tokens sent to this rank that did not fit the capacity.
+    token_major: the DispatchHandle of the token-major exchange underneath
+      (capacity R * T: nothing is dropped there).
+    pair_src: int32[M]: token-major row of each pair row, -1 on padding.
+    rows_by_expert: int32[R*T, K]: pair rows of each token-major row in
+      ascending local expert, then -1 (the combine's summation order).
+    slot_row: int32[R*T, K]: pair row of each valid (row, k), -1 elsewhere.
+    num_tokens: int32[]: pair rows.
+    config: the EpConfig of the dispatch (static).
+  """
+
+  token_major: DispatchHandle
+  pair_src: jax.Array
+  rows_by_expert: jax.Array
+  slot_row: jax.Array
+  num_tokens: jax.Array
+  config: EpConfig
+
+
+@_pytree(data=("x", "scales", "topk_idx", "topk_weights", "num_tokens", "tokens_per_expert",
+               "num_dropped", "num_invalid", "handle", "group_sizes"))
+@dataclasses.dataclass(frozen=True)
+class DispatchResult:
+  """What an HT dispatch delivers to this rank, in one of two layouts.
+
+  ``layout="token_major"`` (the default): rows ``0 .. num_tokens-1`` hold the
+  received tokens ordered by (source rank, source token index), each token once;
+  padding rows are zero with idx -1 and weight 0.
+
+  ``layout="expert_major"``: one row per (token, local expert) pair, grouped by
+  local expert e = 0 .. E_local-1 (group e starts at ``sum(group_sizes[:e])``),
+  rows of a group in (source rank, source token) order; rows holding no pair
+  (each group's alignment padding, and the rows past the last group) are zero
+  with idx -1 and weight 0. ``jax.lax.ragged_dot(x, w, group_sizes)`` takes
+  them as they are.
+
+  Attributes:
+    x: [C, H] (token-major) or [M, H] (expert-major), the dtype of the
+      dispatched rows (bf16/f16/f32, or float8_e4m3fn for an FP8 dispatch).
+    scales: [C or M, H/128] float32 (or float8_e8m0fnu) for an FP8 dispatch,
+      else None.
+    topk_idx: token-major int32[C, K]: the token's experts as local indices on
+      this rank, -1 where the choice lives on another rank. Expert-major
+      int32[M]: each pair's local expert, -1 on padding.
+    topk_weights: token-major float32[C, K], 0 where topk_idx is -1.
+      Expert-major float32[M]: each pair's weight (a token choosing an expert
+      twice is one pair with the sum of both weights), 0 on padding.
+    num_tokens: int32[]: valid rows (expert-major: pair rows).
+    tokens_per_expert: int32[E_local]: rows choosing each local expert
+      (expert-major: pairs kept per local expert, before alignment).
+    num_dropped: int32[]: token-major: tokens sent to this rank that did not
+      fit the capacity; expert-major: pairs that did not fit M.
     num_invalid: int32[]: this rank's top-k entries outside [-1, E) (treated as -1).
-    handle: the DispatchHandle combine needs.
+    handle: the DispatchHandle (token-major) or ExpertMajorHandle combine needs.
+    group_sizes: expert-major int32[E_local]: rows of each group,
+      tokens_per_expert rounded up to expert_alignment (clipped at M);
+      token-major: None.
   """
 
   x: jax.Array
@@ -74,7 +118,8 @@ class DispatchResult:
   tokens_per_expert: jax.Array
   num_dropped: jax.Array
   num_invalid: jax.Array
-  handle: DispatchHandle
+  handle: DispatchHandle | ExpertMajorHandle
+  group_sizes: Optional[jax.Array] = None
 
 
 @_pytree(data=("recv_src", "count"), meta=("config", "num_tokens", "live"))

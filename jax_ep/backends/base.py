@@ -15,8 +15,8 @@ from typing import Protocol
 import jax
 
 from jax_ep.config import EpConfig
-from jax_ep.types import (DispatchHandle, DispatchResult, Layout, LowLatencyDispatchResult,
-                          LowLatencyHandle, LowLatencySent)
+from jax_ep.types import (DispatchHandle, DispatchResult, ExpertMajorHandle, Layout,
+                          LowLatencyDispatchResult, LowLatencyHandle, LowLatencySent)
 
 
 class Backend(Protocol):
@@ -38,6 +38,20 @@ class Backend(Protocol):
 
   def ht_combine(self, rows: jax.Array, handle: DispatchHandle) -> jax.Array:
     """[C, W] rows back to their sources, summed in fp32 in rank order -> [T_local, W]."""
+
+  # High throughput, expert-major (jax_ep/expert_major.py).
+  def ht_dispatch_expert_major(self, payloads: tuple[jax.Array, ...], topk_idx: jax.Array,
+                               topk_weights: jax.Array, config: EpConfig, num_rows: int,
+                               alignment: int) -> DispatchResult:
+    """Every (token, local expert) pair into its expert's group -> M = num_rows rows."""
+
+  def ht_dispatch_cached_expert_major(self, payload: jax.Array,
+                                      handle: ExpertMajorHandle) -> jax.Array:
+    """[T_local, H] rows placed at every pair row of the handle -> [M, H]."""
+
+  def ht_combine_expert_major(self, rows: jax.Array, handle: ExpertMajorHandle) -> jax.Array:
+    """[M, W] pair rows -> [T_local, W]: per rank an fp32 sum over the token's
+    pairs in ascending local expert, those partials summed in rank order."""
 
   # Low latency.
   def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool,

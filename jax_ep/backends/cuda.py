@@ -60,13 +60,26 @@ def portable_fallback(op: str, config: EpConfig, reason: str, fix: str) -> None:
   """Called when `op` is about to take the portable path for `reason` (at trace
   time): per ``config.fallback``, logs a warning the first time for this (op,
   reason), raises EpConfigError, or does nothing."""
+  _announce(op, config, reason,
+            f"jax_ep.{op}: the CUDA kernels cannot run this call ({reason}), so it takes the "
+            f"portable path: an XLA all_to_all plus packing, several times slower. To stay on "
+            f"the kernels: {fix}.", "runs it on the portable path")
+
+
+def slower_path(op: str, config: EpConfig, what: str, cost: str, fix: str) -> None:
+  """Called when `op` runs on the kernels plus extra XLA passes (`what`, costing
+  `cost`) instead of the kernel path it asked for; same policy as
+  portable_fallback."""
+  _announce(op, config, what,
+            f"jax_ep.{op}: {what}, so it costs {cost} beyond the kernels' own work. {fix}.",
+            "runs it that way")
+
+
+def _announce(op: str, config: EpConfig, reason: str, message: str, warn_does: str) -> None:
   if config.fallback == "allow":
     return
-  message = (f"jax_ep.{op}: the CUDA kernels cannot run this call ({reason}), so it takes the "
-             f"portable path: an XLA all_to_all plus packing, several times slower. To stay on "
-             f"the kernels: {fix}.")
   if config.fallback == "error":
-    raise EpConfigError(message + " (EpConfig(fallback='warn') runs it on the portable path.)")
+    raise EpConfigError(f"{message} (EpConfig(fallback='warn') {warn_does}.)")
   if (op, reason) not in _announced:
     _announced.add((op, reason))
     logging.warning("%s This warning is shown once; EpConfig(fallback='error') makes it an "
@@ -265,6 +278,39 @@ class CudaBackend(XlaBackend):
                    handle.num_tokens, capacity=np.int64(rows.shape[0]),
                    config=config_attr(config, num_ranks))
     return summed[:, :width] if padded.shape[1] != width else summed
+
+  # ---------------------------------------------------------------- HT, expert-major
+  # The dispatch kernel writes token-major rows; the pairs are placed by XLA
+  # passes on the receiver (jax_ep/expert_major.py), announced: a kernel that
+  # writes each pair straight into its row is not built yet.
+  _EXPERT_MAJOR_FIX = ("layout='token_major' avoids the extra passes, at the price of the "
+                       "user's own grouping by expert")
+
+  def ht_dispatch_expert_major(self, payloads, topk_idx, topk_weights, config: EpConfig,
+                               num_rows: int, alignment: int) -> DispatchResult:
+    slower_path("dispatch", config,
+                "layout='expert_major' runs the token-major dispatch kernel, then places the "
+                "pairs in XLA (the kernel does not write pair rows yet)",
+                "one more read and write of the received rows (a gather into [M, H])",
+                self._EXPERT_MAJOR_FIX)
+    return super().ht_dispatch_expert_major(payloads, topk_idx, topk_weights, config, num_rows,
+                                            alignment)
+
+  def ht_dispatch_cached_expert_major(self, payload: jax.Array, handle) -> jax.Array:
+    slower_path("combine (backward)", handle.config,
+                "an expert-major combine's backward runs the token-major dispatch kernel, then "
+                "places the pairs in XLA", "one more read and write of the received rows",
+                self._EXPERT_MAJOR_FIX)
+    return super().ht_dispatch_cached_expert_major(payload, handle)
+
+  def ht_combine_expert_major(self, rows: jax.Array, handle) -> jax.Array:
+    slower_path("combine", handle.config,
+                "an expert-major combine sums each token's pair rows per rank in XLA, then "
+                "runs the combine kernel on those float32 partials (the kernel does not read "
+                "pair rows yet)",
+                "one pass over the pair rows and float32 rows on the wire (2x bfloat16's "
+                "bytes per token and rank)", self._EXPERT_MAJOR_FIX)
+    return super().ht_combine_expert_major(rows, handle)
 
   # ---------------------------------------------------------------- LL
   # The kernels read the rank mask from device memory (cuda_runtime sets it);

@@ -21,12 +21,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax_ep import expert_major
 from jax_ep import fp8 as fp8_lib
 from jax_ep import local_ops
 from jax_ep._vma import match_vma
 from jax_ep.config import EpConfig
-from jax_ep.types import (DispatchHandle, DispatchResult, Layout, LowLatencyDispatchResult,
-                          LowLatencyHandle, LowLatencySent)
+from jax_ep.types import (DispatchHandle, DispatchResult, ExpertMajorHandle, Layout,
+                          LowLatencyDispatchResult, LowLatencyHandle, LowLatencySent)
 
 I32 = jnp.int32
 F32 = jnp.float32
@@ -135,6 +136,28 @@ class XlaBackend:
     return local_ops.gather_reduce(
         returned.reshape((num_ranks * num_tokens,) + rows.shape[1:]), index,
         jnp.ones(index.shape, F32))
+
+  # ---------------------------------------------------------------- HT, expert-major
+  # The token-major exchange (capacity R * T, so nothing is dropped before the
+  # pairs are placed), then local steps on the receiver (jax_ep/expert_major.py).
+  def ht_dispatch_expert_major(self, payloads: tuple[jax.Array, ...], topk_idx: jax.Array,
+                               topk_weights: jax.Array, config: EpConfig, num_rows: int,
+                               alignment: int) -> DispatchResult:
+    num_ranks = _num_ranks(config)
+    token_major = self.ht_dispatch(payloads, topk_idx, topk_weights, config,
+                                   config.capacity(num_ranks))
+    return expert_major.from_token_major(token_major,
+                                         experts_per_rank=config.experts_per_rank(num_ranks),
+                                         alignment=alignment, num_rows=num_rows)
+
+  def ht_dispatch_cached_expert_major(self, payload: jax.Array,
+                                      handle: ExpertMajorHandle) -> jax.Array:
+    token_rows = self.ht_dispatch_cached(payload, handle.token_major)
+    return expert_major.to_pairs(token_rows, handle.pair_src)
+
+  def ht_combine_expert_major(self, rows: jax.Array, handle: ExpertMajorHandle) -> jax.Array:
+    partials = expert_major.per_rank_partials(rows, handle.rows_by_expert)
+    return self.ht_combine(partials, handle.token_major).astype(rows.dtype)
 
   # ---------------------------------------------------------------- LL
   def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool,

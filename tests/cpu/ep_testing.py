@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Callable
 
@@ -80,3 +81,22 @@ def valid_rows_mask(count: np.ndarray, rows: int) -> np.ndarray:
 
 
 partial = functools.partial
+
+
+@contextlib.contextmanager
+def local_steps(kind: str):
+  """'ffi': the CPU handlers (the default on CPU); 'jnp': their jax.numpy twins."""
+  if kind == "ffi":
+    yield
+    return
+  original = jax.lax.platform_dependent
+
+  def force_default(*a, default=None, **per_platform):
+    del per_platform
+    return default(*a)
+
+  jax.lax.platform_dependent = force_default
+  try:
+    yield
+  finally:
+    jax.lax.platform_dependent = original

@@ -455,3 +455,40 @@ def test_ep_groups_lower_to_the_kernels_with_the_group_size(axes, partial):
   for call in calls:
     assert _attr(call, "num_ranks") == f"{num_ranks} : i64", call
   assert "all_to_all" not in text and "all_gather" not in text
+
+
+# ------------------------------------------------------------------ expert-major layout
+def _expert_major_layer(config, alignment=8):
+  def fn(x, idx, w):
+    def loss(x, w):
+      d = jax_ep.dispatch(x, idx, w, config=config, layout="expert_major",
+                          expert_alignment=alignment)
+      y = d.x * d.topk_weights[:, None].astype(d.x.dtype)
+      return jnp.sum(jax_ep.combine(y, d.handle, config=config).astype(jnp.float32) ** 2)
+    return jax.grad(loss, argnums=(0, 1))(x, w)
+  return fn
+
+
+def test_expert_major_runs_on_the_kernels_plus_announced_local_passes(caplog):
+  """Until the kernels read and write pair rows: the token-major kernels, the
+  pairs placed by XLA gathers (no collective), float32 partials combined; said
+  once per op, refused with fallback="error"."""
+  from jax_ep.backends import cuda as cuda_backend  # pylint: disable=import-outside-toplevel
+  cuda_backend._announced.clear()  # pylint: disable=protected-access
+  with caplog.at_level(logging.WARNING):
+    for _ in range(2):
+      jax.clear_caches()
+      targets, text = _targets_and_text(_expert_major_layer(CONFIG), CONFIG)
+  assert sorted(targets) == ["jax_ep_ht_combine", "jax_ep_ht_combine", "jax_ep_ht_combine",
+                             "jax_ep_ht_dispatch", "jax_ep_ht_dispatch"], targets
+  for word in ("all_to_all", "all_gather", "all_reduce", "jax_ep_cpu_"):
+    assert word not in text, word
+  combines = [c for c in _custom_calls(text) if "@jax_ep_ht_combine" in c]
+  assert any("tensor<16x256xf32>" in c for c in combines), combines  # the fp32 partials
+  warnings = [r.getMessage() for r in caplog.records if "expert_major" in r.getMessage()
+              or "expert-major" in r.getMessage()]
+  assert len(warnings) == 3, warnings  # dispatch, combine, combine (backward): once each
+  assert all("layout='token_major'" in w for w in warnings), warnings
+  with pytest.raises(jax_ep.EpConfigError, match="layout='expert_major'"):
+    strict = dataclasses.replace(CONFIG, fallback="error")
+    _targets_and_text(_expert_major_layer(strict), strict)

@@ -13,37 +13,16 @@ zero-size arguments, whatever the body does, so that is how a caller gets a
 T_local = 0 call today.
 """
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jax_ep
-from ep_testing import bits, random_routing, random_rows, run_per_shard, setup
+from ep_testing import bits, local_steps, random_routing, random_rows, run_per_shard, setup
 
 NUM_RANKS, E, K, T, H = 4, 16, 3, 6, 128
 EMPTY_RANKS = (0, 2)  # "uneven": these ranks route every token to -1
-
-
-@contextlib.contextmanager
-def _local_steps(kind: str):
-  """'ffi': the CPU handlers (the default on CPU); 'jnp': their jax.numpy twins."""
-  if kind == "ffi":
-    yield
-    return
-  original = jax.lax.platform_dependent
-
-  def force_default(*a, default=None, **per_platform):
-    del per_platform
-    return default(*a)
-
-  jax.lax.platform_dependent = force_default
-  try:
-    yield
-  finally:
-    jax.lax.platform_dependent = original
 
 
 def _inputs(seed: int, dtype=jnp.bfloat16):
@@ -89,7 +68,7 @@ def test_layout(case, steps):
     return (jax_ep.get_dispatch_layout(idx, config=config),
             jax_ep.reference.get_dispatch_layout(idx, config=config))
 
-  with _local_steps(steps):
+  with local_steps(steps):
     ours, ref = run_per_shard(fn, mesh, _uneven(idx))
   t_local = 0 if case == "empty" else T
   assert ours[2].shape == (NUM_RANKS, t_local, NUM_RANKS)
@@ -120,7 +99,7 @@ def test_dispatch_and_combine(case, steps, fp8):
     ref_out = jax_ep.reference.combine(y_ref, idx, config=config)
     return d, ref, out, ref_out
 
-  with _local_steps(steps):
+  with local_steps(steps):
     d, ref, out, ref_out = run_per_shard(fn, mesh, x, _uneven(idx), w)
   # Static shapes as with tokens: C rows of padding, [T_local, H] back.
   assert d.x.shape == (NUM_RANKS, capacity, H) and d.topk_idx.shape == (NUM_RANKS, capacity, K)
@@ -161,7 +140,7 @@ def test_low_latency_dispatch_and_combine(case, steps, fp8):
     split_out = jax_ep.low_latency_combine_recv(sent, idx, w, config=config)
     return d, ref, out, ref_out, split.count, split_out
 
-  with _local_steps(steps):
+  with local_steps(steps):
     d, ref, out, ref_out, split_count, split_out = run_per_shard(fn, mesh, x, _uneven(idx), w)
   assert d.x.shape == (NUM_RANKS, E // NUM_RANKS, rows, H)
   t_local = 0 if case == "empty" else T
@@ -203,7 +182,7 @@ def test_gradients_with_no_tokens(steps):
 
     return jax.grad(loss, argnums=(0, 1))(x, w)
 
-  with _local_steps(steps):
+  with local_steps(steps):
     grad_x, grad_w = run_per_shard(fn, mesh, x, idx, w)
   assert grad_x.shape == (NUM_RANKS, 0, H) and grad_w.shape == (NUM_RANKS, 0, K)
 

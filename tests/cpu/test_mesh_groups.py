@@ -176,8 +176,10 @@ def test_shard_map_over_the_ep_axis_alone_runs_each_group(axis_type):
   def ops(x, idx, w):
     d = jax_ep.dispatch(x, idx, w, config=config)
     ll = jax_ep.low_latency_dispatch(x, idx, config=config)
+    em = jax_ep.dispatch(x, idx, w, config=config, layout="expert_major", expert_alignment=4)
     return (d.x, d.num_tokens, d.tokens_per_expert, jax_ep.combine(d.x, d.handle, config=config),
-            ll.count, jax_ep.low_latency_combine(ll.x, idx, w, ll.handle, config=config))
+            ll.count, jax_ep.low_latency_combine(ll.x, idx, w, ll.handle, config=config),
+            em.x, em.group_sizes, jax_ep.combine(em.x, em.handle, config=config))
 
   # Partial: blocks of the global inputs, in the order the two shard_maps split them:
   # "expert" coordinate e takes block e of 4, then "data" coordinate d takes half d of it.
@@ -191,7 +193,8 @@ def test_shard_map_over_the_ep_axis_alone_runs_each_group(axis_type):
   assert partial[1].shape == (8,)  # num_tokens: one per group (and expert shard)
   full = _run(ops, mesh, x, idx, w)
   for name, got, want in zip(("x", "num_tokens", "tokens_per_expert", "HT combine", "LL count",
-                               "LL combine"), partial, full):
+                               "LL combine", "expert-major x", "group_sizes",
+                               "expert-major combine"), partial, full):
     per_block = got.reshape((8, -1) + got.shape[1:])  # partial block b, in global order
     for device in range(8):
       _bitwise(per_block[order[device]].reshape(np.shape(want[device])), want[device], name)
