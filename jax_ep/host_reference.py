@@ -301,6 +301,149 @@ def ht_dispatch_cached(g: np.ndarray, layout: HtDispatch) -> np.ndarray:
   return out
 
 
+# ====================================================================== HT, expert-major
+@dataclasses.dataclass(frozen=True)
+class ExpertMajorDispatch:
+  """Every rank's DispatchResult of one expert-major HT dispatch.
+
+  Attributes (first axis: the receiving rank, except pair_row's):
+    x: [R, M, H]: one row per (token, local expert) pair, grouped by local
+      expert (group e at sum(group_sizes[:e])), a group's rows in (source rank,
+      source token) order; zero bytes on rows holding no pair.
+    scales: [R, M, H/128] for an FP8 dispatch, else None.
+    topk_idx: int32[R, M]: the pair's local expert, -1 on padding.
+    topk_weights: float32[R, M]: the sum, in k order from +0.0, of the token's
+      weights for that expert; 0 on padding.
+    num_tokens: int32[R] (pairs kept); tokens_per_expert, group_sizes:
+      int32[R, E_local]; num_dropped: int32[R] (pairs past M); num_invalid: int32[R].
+    pair_row: int32[R, T, R, E_local]: [src rank, token, dst rank, local
+      expert] -> pair row on dst, -1 where the token did not choose that
+      expert or the pair was dropped.
+  """
+
+  x: np.ndarray
+  scales: Optional[np.ndarray]
+  topk_idx: np.ndarray
+  topk_weights: np.ndarray
+  num_tokens: np.ndarray
+  tokens_per_expert: np.ndarray
+  group_sizes: np.ndarray
+  num_dropped: np.ndarray
+  num_invalid: np.ndarray
+  pair_row: np.ndarray
+
+
+def expert_major_rows(config: EpConfig, num_ranks: int, alignment: int) -> int:
+  """M by default: R*T*min(K, E_local) + E_local*(A-1), rounded up to A."""
+  experts_per_rank = config.experts_per_rank(num_ranks)
+  rows = (num_ranks * config.max_tokens_per_rank * min(config.num_topk, experts_per_rank)
+          + experts_per_rank * (alignment - 1))
+  return -(-rows // alignment) * alignment
+
+
+def ht_dispatch_expert_major(x: Payload, topk_idx: np.ndarray, topk_weights: np.ndarray,
+                             config: EpConfig, *, alignment: int = 1,
+                             capacity: int | None = None) -> ExpertMajorDispatch:
+  """Every rank's expert-major HT dispatch (capacity: M, a multiple of alignment)."""
+  payloads = [np.asarray(p) for p in (x if isinstance(x, (tuple, list)) else (x,))]
+  num_ranks = _num_ranks(topk_idx)
+  experts_per_rank = config.experts_per_rank(num_ranks)
+  num_rows = capacity or expert_major_rows(config, num_ranks, alignment)
+  clean, num_invalid = clean_topk(topk_idx, config.num_experts)
+  _, num_tokens, num_topk = clean.shape
+  flat = clean.reshape(-1, num_topk)                                     # sources in order
+  flat_w = np.asarray(topk_weights).astype(F32).reshape(-1, num_topk)
+  outs = [zero_bytes((num_ranks, num_rows) + p.shape[2:], p.dtype) for p in payloads]
+  out_idx = np.full((num_ranks, num_rows), -1, I32)
+  out_w = np.zeros((num_ranks, num_rows), F32)
+  kept_per_expert = np.zeros((num_ranks, experts_per_rank), I32)
+  sizes = np.zeros((num_ranks, experts_per_rank), I32)
+  dropped = np.zeros(num_ranks, I32)
+  pair_row = np.full((num_ranks * num_tokens, num_ranks, experts_per_rank), -1, I32)
+  for dst in range(num_ranks):
+    start = 0
+    for e in range(experts_per_rank):
+      expert = dst * experts_per_rank + e
+      sources = np.nonzero(np.any(flat == expert, axis=1))[0]            # in (rank, token) order
+      padded = -(-len(sources) // alignment) * alignment
+      kept = sources[:max(0, min(len(sources), num_rows - start))]
+      rows_ = start + np.arange(len(kept))
+      for p, out in zip(payloads, outs):
+        out[dst, rows_] = p.reshape((-1,) + p.shape[2:])[kept]
+      out_idx[dst, rows_] = e
+      weight = np.zeros(len(kept), F32)
+      for k in range(num_topk):
+        weight = weight + np.where(flat[kept, k] == expert, flat_w[kept, k], np.float32(0))
+      out_w[dst, rows_] = weight
+      pair_row[kept, dst, e] = rows_
+      kept_per_expert[dst, e] = len(kept)
+      sizes[dst, e] = max(0, min(padded, num_rows - start))
+      dropped[dst] += len(sources) - len(kept)
+      start += padded
+  return ExpertMajorDispatch(
+      x=outs[0], scales=outs[1] if len(outs) > 1 else None, topk_idx=out_idx, topk_weights=out_w,
+      num_tokens=kept_per_expert.sum(axis=1).astype(I32), tokens_per_expert=kept_per_expert,
+      group_sizes=sizes, num_dropped=dropped, num_invalid=num_invalid,
+      pair_row=pair_row.reshape(num_ranks, num_tokens, num_ranks, experts_per_rank))
+
+
+def ht_combine_expert_major(y: np.ndarray, layout: ExpertMajorDispatch) -> np.ndarray:
+  """Every rank's expert-major combine: y [R, M, ...] -> [R, T, ...] of y's dtype.
+
+  out[s, t] = sum over d = 0..R-1 (from +0.0) of partial_d, partial_d = sum
+  over t's pairs on d in ascending local expert (from +0.0) of float32(y row);
+  float32 throughout (float64 for float64 y), one cast at the end.
+  """
+  y = np.asarray(y)
+  acc_dtype = np.float64 if y.dtype == np.float64 else F32
+  pair_row = layout.pair_row
+  num_src, num_tokens, num_ranks, experts_per_rank = pair_row.shape
+  trailing = (1,) * (y.ndim - 2)
+  total = np.zeros((num_src, num_tokens) + y.shape[2:], acc_dtype)
+  for d in range(num_ranks):
+    partial = np.zeros_like(total)
+    for e in range(experts_per_rank):
+      row = pair_row[:, :, d, e]
+      value = y[d][np.maximum(row, 0)].astype(acc_dtype)
+      partial = np.where((row >= 0).reshape(row.shape + trailing), partial + value, partial)
+    total = total + partial
+  return total.astype(y.dtype)
+
+
+def ht_combine_expert_major_vjp(ct_out: np.ndarray, layout: ExpertMajorDispatch) -> np.ndarray:
+  """d/dy of the expert-major combine: ct_y[d, row of (s, t, e)] = ct_out[s, t];
+  zero bytes on padding rows. [R, T, ...] -> [R, M, ...]."""
+  ct_out = np.asarray(ct_out)
+  pair_row = layout.pair_row
+  out = zero_bytes(layout.topk_idx.shape + ct_out.shape[2:], ct_out.dtype)
+  src, token, dst, _ = np.nonzero(pair_row >= 0)
+  out[dst, pair_row[pair_row >= 0]] = ct_out[src, token]
+  return out
+
+
+def ht_dispatch_expert_major_vjp(ct_x: np.ndarray, ct_topk_weights: np.ndarray,
+                                 topk_idx: np.ndarray, config: EpConfig,
+                                 layout: ExpertMajorDispatch) -> tuple[np.ndarray, np.ndarray]:
+  """d/dx and d/dtopk_weights of the expert-major dispatch: x[s, t] is copied to
+  each of its pair rows (grad_x: the expert-major combine of ct_x), and each
+  pair weight is a sum of w[s, t, k] over the k naming that expert
+  (grad_w[s, t, k] = ct_w[owner of e_k, row of the pair], 0 for -1 entries).
+  Returns (grad_x [R, T, H] of ct_x's dtype, grad_w float32 [R, T, K])."""
+  clean, _ = clean_topk(topk_idx, config.num_experts)
+  num_ranks = clean.shape[0]
+  experts_per_rank = config.experts_per_rank(num_ranks)
+  ct_w = np.asarray(ct_topk_weights).astype(F32)
+  src, token = np.indices(clean.shape[:2])
+  grad_w = np.zeros(clean.shape, F32)
+  for k in range(clean.shape[2]):
+    expert = clean[:, :, k]
+    owner, local = np.divmod(np.maximum(expert, 0), experts_per_rank)
+    row = layout.pair_row[src, token, owner, local]
+    valid = (expert >= 0) & (row >= 0)
+    grad_w[:, :, k] = np.where(valid, ct_w[owner, np.maximum(row, 0)], np.float32(0))
+  return ht_combine_expert_major(ct_x, layout), grad_w
+
+
 # ====================================================================== LL
 @dataclasses.dataclass(frozen=True)
 class LlDispatch:

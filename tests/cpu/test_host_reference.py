@@ -241,6 +241,89 @@ def test_ht_vjps_match_the_host_formulas(num_ranks, capacity_fraction):
   _assert_bitwise(grad_w, want_w, "dispatch vjp topk_weights")
 
 
+# ====================================================================== HT, expert-major
+def _em_capacity(config, num_ranks, alignment, fraction):
+  if fraction is None:
+    return None
+  rows = int(fraction * hr.expert_major_rows(config, num_ranks, alignment))
+  return max(alignment, rows // alignment * alignment)
+
+
+@pytest.mark.parametrize("num_ranks", RANKS)
+@pytest.mark.parametrize("alignment", [1, 8])
+@pytest.mark.parametrize("capacity_fraction", [None, 0.1])
+def test_expert_major_dispatch_matches_oracle_and_portable(num_ranks, alignment,
+                                                           capacity_fraction):
+  _, num_experts, idx, x, w = _ht_case(num_ranks, 70 + num_ranks, jnp.bfloat16, skew=2.0)
+  config, mesh = setup(num_ranks, num_experts=num_experts, hidden=H, max_tokens_per_rank=T_MAX,
+                       num_topk=K)
+  capacity = _em_capacity(config, num_ranks, alignment, capacity_fraction)
+  kwargs = dict(config=config, layout="expert_major", expert_alignment=alignment,
+                capacity=capacity)
+
+  def fn(x, i, w):
+    return jax_ep.dispatch(x, i, w, **kwargs), jax_ep.reference.dispatch(x, i, w, **kwargs)
+
+  ours, ref = run_per_shard(fn, mesh, _flat(x), _flat(idx), _flat(w))
+  want = hr.ht_dispatch_expert_major(x, idx, w, config, alignment=alignment, capacity=capacity)
+  for name in ("x", "topk_idx", "topk_weights", "num_tokens", "tokens_per_expert",
+               "group_sizes", "num_dropped", "num_invalid"):
+    _assert_bitwise(getattr(ours, name), getattr(want, name), name)
+    _assert_bitwise(ref[name], getattr(want, name), name + " (jnp oracle)")
+  if capacity is not None:
+    assert want.num_dropped.max() > 0
+
+
+@pytest.mark.parametrize("num_ranks", RANKS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_expert_major_combine_and_vjps_are_bitwise(num_ranks, dtype):
+  """Random pair rows with garbage on padding; the two VJPs on random cotangents."""
+  rng, num_experts, idx, x, w = _ht_case(num_ranks, 80 + num_ranks, jnp.bfloat16)
+  config, mesh = setup(num_ranks, num_experts=num_experts, hidden=H, max_tokens_per_rank=T_MAX,
+                       num_topk=K)
+  alignment = 4
+  rows = hr.expert_major_rows(config, num_ranks, alignment)
+  kwargs = dict(config=config, layout="expert_major", expert_alignment=alignment)
+  y = random_rows(rng, (num_ranks, rows, H), dtype)
+  g = random_rows(rng, (num_ranks, T_LOCAL, H), dtype)
+  ct_x = random_rows(rng, (num_ranks, rows, H), jnp.bfloat16)
+  ct_w = rng.standard_normal((num_ranks, rows)).astype(np.float32)
+
+  def fn(x, i, w, y, g, ct_x, ct_w):
+    d = jax_ep.dispatch(x, i, w, **kwargs)
+    _, combine_vjp = jax.vjp(lambda y: jax_ep.combine(y, d.handle, config=config), y)
+    _, dispatch_vjp = jax.vjp(
+        lambda x, w: (lambda r: (r.x, r.topk_weights))(jax_ep.dispatch(x, i, w, **kwargs)), x, w)
+    return (jax_ep.combine(y, d.handle, config=config), jax_ep.reference.combine(y, i, **kwargs),
+            combine_vjp(g)[0], dispatch_vjp((ct_x, ct_w)))
+
+  out, ref, grad_y, (grad_x, grad_w) = run_per_shard(
+      fn, mesh, _flat(x), _flat(idx), _flat(w), _flat(y), _flat(g), _flat(ct_x), _flat(ct_w))
+  layout = hr.ht_dispatch_expert_major(x, idx, w, config, alignment=alignment)
+  want = hr.ht_combine_expert_major(y, layout)
+  _assert_bitwise(out, want, "combine")
+  _assert_bitwise(ref, want, "combine (jnp oracle)")
+  _assert_bitwise(grad_y, hr.ht_combine_expert_major_vjp(g, layout), "combine vjp")
+  want_x, want_w = hr.ht_dispatch_expert_major_vjp(ct_x, ct_w, idx, config, layout)
+  _assert_bitwise(grad_x, want_x, "dispatch vjp x")
+  _assert_bitwise(grad_w, want_w, "dispatch vjp topk_weights")
+  # The mutant: one flat float32 sum over all of a token's pairs in (rank, expert)
+  # order. It differs from the nested sum only where a token has two or more
+  # pairs on a rank after its first; with float32 rows that must show somewhere.
+  flat = np.zeros(want.shape, np.float32)
+  pair_row = layout.pair_row
+  for d in range(num_ranks):
+    for e in range(pair_row.shape[3]):
+      row = pair_row[:, :, d, e]
+      flat = np.where((row >= 0)[..., None], flat + y[d][np.maximum(row, 0)].astype(np.float32),
+                      flat)
+  pairs_per_rank = (pair_row >= 0).sum(-1)                               # [R, T, R]
+  first_rank = np.argmax(pairs_per_rank > 0, axis=-1)
+  later = np.arange(num_ranks) > first_rank[..., None]
+  if dtype == jnp.float32 and np.any(later & (pairs_per_rank >= 2)):
+    assert np.any(bits(flat.astype(want.dtype)) != bits(want)), "would accept a flat sum"
+
+
 # ====================================================================== LL
 def _ll_setup(num_ranks, **kwargs):
   num_experts = E_LOCAL * num_ranks

@@ -1,0 +1,139 @@
+"""The expert-major HT layout on the kernels against the host oracle (run under jax_ep.launch).
+
+On CUDA the layout is the token-major kernels plus local XLA passes (announced
+once; the configs here say fallback="warn" for that, and the suite still
+refuses any XLA collective in these programs). Every comparison is bitwise:
+the pairs are bytes moved, the combine sums per rank in float32 in ascending
+local expert and those partials in rank order, like jax_ep.host_reference.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_ep
+from jax_ep import host_reference as hr
+from gpu_testing import (BF16, F32, assert_bitwise, dyadic_weights, global_routing, mine,
+                         num_ranks, rng, rows, run, setup)
+
+SHAPES = [  # (E, K, T, T_local, H, A)
+    (16, 4, 64, 48, 256, 1),
+    (64, 8, 256, 256, 1024, 8),
+    (256, 8, 64, 64, 7168, 128),
+]
+FIELDS = ("x", "scales", "topk_idx", "topk_weights", "num_tokens", "tokens_per_expert",
+          "group_sizes", "num_dropped", "num_invalid")
+
+
+def _setup(e, k, t, h):
+  return setup(num_experts=e, hidden=h, max_tokens_per_rank=t, num_topk=k,
+               enable_low_latency=False, fallback="warn")
+
+
+def _experts(e: int) -> int:
+  r = num_ranks()
+  return -(-max(e, r) // r) * r
+
+
+def _inputs(seed, e, k, t_local, h):
+  gen = rng(seed)
+  r = num_ranks()
+  x = rows(gen, (r, t_local, h))
+  idx = global_routing(gen, (r,), t_local, k, e)
+  idx[:, 1, 0] = -7                                   # invalid: counted, never used
+  idx[:, 2, 1] = idx[:, 2, 0] = np.arange(r) % e      # one expert named twice: one pair
+  return gen, x, idx, dyadic_weights(gen, (r, t_local, k))
+
+
+def _assert_dispatch(d, want: hr.ExpertMajorDispatch) -> None:
+  for name in FIELDS:
+    expected = getattr(want, name)
+    if expected is None:
+      assert getattr(d, name) is None, name
+    else:
+      assert_bitwise(getattr(d, name), expected, name)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_expert_major_dispatch_and_combine_match_host_oracle(shape):
+  e, k, t, t_local, h, alignment = shape
+  e = _experts(e)
+  config, mesh = _setup(e, k, t, h)
+  gen, x, idx, w = _inputs(800 + e, e, k, t_local, h)
+  m = hr.expert_major_rows(config, num_ranks(), alignment)
+  y = rows(gen, (num_ranks(), m, h))                  # garbage on padding rows too
+  kwargs = dict(config=config, layout="expert_major", expert_alignment=alignment)
+
+  def fn(x, idx, w, y):
+    d = jax_ep.dispatch(x, idx, w, **kwargs)
+    return d, jax_ep.combine(y, d.handle, config=config)
+
+  d, out = run(fn, mesh, x, idx, w, y)
+  layout = hr.ht_dispatch_expert_major(x, idx, w, config, alignment=alignment)
+  _assert_dispatch(d, mine(layout))
+  assert int(d.num_invalid) == 1
+  assert_bitwise(out, mine(hr.ht_combine_expert_major(y, layout)), "combine")
+
+
+def test_expert_major_float32_rows_and_capacity_drops():
+  e, k, t, h, alignment = _experts(32), 8, 64, 512, 16
+  config, mesh = _setup(e, k, t, h)
+  gen, x, idx, w = _inputs(850, e, k, t, h)
+  idx[:, :, 0] = 0                                    # every token to expert 0: rank 0 overflows
+  full = hr.ht_dispatch_expert_major(x, idx, w, config, alignment=alignment)
+  capacity = max(alignment, int(full.group_sizes[0].sum()) // 2 // alignment * alignment)
+  y = rows(gen, (num_ranks(), capacity, h), F32)
+  kwargs = dict(config=config, layout="expert_major", expert_alignment=alignment,
+                capacity=capacity)
+
+  def fn(x, idx, w, y):
+    d = jax_ep.dispatch(x.astype(jnp.float32), idx, w, **kwargs)
+    return d, jax_ep.combine(y, d.handle, config=config)
+
+  d, out = run(fn, mesh, x, idx, w, y)
+  layout = hr.ht_dispatch_expert_major(x.astype(F32), idx, w, config, alignment=alignment,
+                                       capacity=capacity)
+  assert layout.num_dropped[0] > 0
+  _assert_dispatch(d, mine(layout))
+  assert_bitwise(out, mine(hr.ht_combine_expert_major(y, layout)), "combine")
+
+
+def test_expert_major_fp8_pairs():
+  e, k, t, h = _experts(64), 8, 128, 1024
+  config, mesh = _setup(e, k, t, h)
+  _, x, idx, w = _inputs(860, e, k, t, h)
+  q, s = hr.quantize_fp8(x)
+  kwargs = dict(config=config, layout="expert_major", expert_alignment=8)
+
+  d = run(lambda q, s, i, w: jax_ep.dispatch((q, s), i, w, **kwargs), mesh, q, s, idx, w)
+  _assert_dispatch(d, mine(hr.ht_dispatch_expert_major((q, s), idx, w, config, alignment=8)))
+
+
+def test_expert_major_gradients_match_host_vjps():
+  """jax.vjp of both ops on random cotangents, bitwise with the host VJPs."""
+  e, k, t, h, alignment = _experts(32), 4, 64, 512, 8
+  config, mesh = _setup(e, k, t, h)
+  gen, x, idx, w = _inputs(870, e, k, t, h)
+  m = hr.expert_major_rows(config, num_ranks(), alignment)
+  r = num_ranks()
+  g = rows(gen, (r, t, h))
+  ct_x = rows(gen, (r, m, h))
+  ct_w = gen.standard_normal((r, m), dtype=np.float32)
+  kwargs = dict(config=config, layout="expert_major", expert_alignment=alignment)
+
+  def fn(x, i, w, g, ct_x, ct_w):
+    d = jax_ep.dispatch(x, i, w, **kwargs)
+    _, combine_vjp = jax.vjp(lambda y: jax_ep.combine(y, d.handle, config=config), d.x)
+    _, dispatch_vjp = jax.vjp(
+        lambda x, w: (lambda res: (res.x, res.topk_weights))(jax_ep.dispatch(x, i, w, **kwargs)),
+        x, w)
+    return combine_vjp(g)[0], dispatch_vjp((ct_x, ct_w))
+
+  grad_y, (grad_x, grad_w) = run(fn, mesh, x, idx, w, g, ct_x, ct_w)
+  layout = hr.ht_dispatch_expert_major(x, idx, w, config, alignment=alignment)
+  assert_bitwise(grad_y, mine(hr.ht_combine_expert_major_vjp(g, layout)), "combine vjp")
+  want_x, want_w = hr.ht_dispatch_expert_major_vjp(ct_x, ct_w, idx, config, layout)
+  assert_bitwise(grad_x, mine(want_x), "dispatch vjp x")
+  assert_bitwise(grad_w, mine(want_w), "dispatch vjp topk_weights")
+  assert grad_x.dtype == BF16
