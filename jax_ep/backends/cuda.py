@@ -63,27 +63,31 @@ def portable_fallback(op: str, config: EpConfig, reason: str, fix: str) -> None:
   _announce(op, config, reason,
             f"jax_ep.{op}: the CUDA kernels cannot run this call ({reason}), so it takes the "
             f"portable path: an XLA all_to_all plus packing, several times slower. To stay on "
-            f"the kernels: {fix}.", "runs it on the portable path")
+            f"the kernels: {fix}.",
+            "EpConfig(fallback='warn') runs it on the portable path, with a warning")
 
 
 def slower_path(op: str, config: EpConfig, what: str, cost: str, fix: str) -> None:
-  """Called when `op` runs on the kernels plus extra XLA passes (`what`, costing
-  `cost`) instead of the kernel path it asked for; same policy as
-  portable_fallback."""
+  """Called when `op` runs on the kernels plus extra local XLA passes (`what`,
+  costing `cost`; no collective) instead of the kernel path it asked for: a
+  warning once per (op, what), silenced by fallback="allow". Not an error under
+  fallback="error", which refuses the portable exchange only."""
   _announce(op, config, what,
             f"jax_ep.{op}: {what}, so it costs {cost} beyond the kernels' own work. {fix}.",
-            "runs it that way")
+            None)
 
 
-def _announce(op: str, config: EpConfig, reason: str, message: str, warn_does: str) -> None:
+def _announce(op: str, config: EpConfig, reason: str, message: str,
+              error_fix: str | None) -> None:
   if config.fallback == "allow":
     return
-  if config.fallback == "error":
-    raise EpConfigError(f"{message} (EpConfig(fallback='warn') {warn_does}.)")
+  if config.fallback == "error" and error_fix is not None:
+    raise EpConfigError(f"{message} ({error_fix}.)")
   if (op, reason) not in _announced:
     _announced.add((op, reason))
-    logging.warning("%s This warning is shown once; EpConfig(fallback='error') makes it an "
-                    "error, fallback='allow' silences it.", message)
+    policy = ("EpConfig(fallback='error') makes it an error, fallback='allow' silences it"
+              if error_fix is not None else "EpConfig(fallback='allow') silences it")
+    logging.warning("%s This warning is shown once; %s.", message, policy)
 
 
 def ht_unsupported(config: EpConfig, num_ranks: int) -> tuple[str, str] | None:
