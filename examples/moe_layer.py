@@ -1,9 +1,10 @@
 """A top-k routed MoE layer on jax_ep, one training step, checked against a dense layer.
 
 Each rank of the ``ep`` mesh axis holds E/R experts (a two-layer GELU MLP each,
-readme_use.expert_mlp: jax.lax.ragged_dot over the received rows grouped by
-local expert). A step: router -> jax_ep.dispatch -> expert MLPs ->
-jax_ep.combine -> loss; jax.grad differentiates through all of it.
+jax.lax.ragged_dot straight on the dispatched rows: the expert-major layout
+groups them by local expert). A step: router -> jax_ep.dispatch
+(layout="expert_major") -> expert MLPs -> weights -> jax_ep.combine -> loss;
+jax.grad differentiates through all of it.
 
 The check: the same layer computed densely in float64 on the host CPU (every
 expert on every token, then the top-k mix), with the same experts chosen: the
@@ -46,13 +47,13 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import jax_ep  # noqa: E402
 from jax_ep import _extension  # noqa: E402
 from jax_ep import launch  # noqa: E402
-from readme_use import expert_mlp  # noqa: E402
 
 flags.DEFINE_integer("tokens_per_rank", 64, "tokens on each rank")
 flags.DEFINE_integer("hidden", 128, "model width H")
 flags.DEFINE_integer("ffn", 256, "expert MLP width")
 flags.DEFINE_integer("experts_per_rank", 4, "experts held by each rank")
 flags.DEFINE_integer("topk", 2, "experts per token")
+flags.DEFINE_integer("expert_alignment", 8, "rows per group rounded up to a multiple of this")
 flags.DEFINE_float("learning_rate", 0.1, "SGD step size")
 flags.DEFINE_integer("seed", 0, "random seed")
 flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
@@ -85,12 +86,24 @@ def choose_experts(router, x, num_topk):
   return jax.lax.top_k(x.astype(router.dtype) @ router, num_topk)[1].astype(jnp.int32)
 
 
-def moe_ep(params, x, idx, config):
+def grouped_mlp(rows, group_sizes, w1, w2):
+  """This rank's experts on its expert-major rows: rows [M, H] grouped by local
+  expert (group sizes int32[E_local]), w1 [E_local, H, F], w2 [E_local, F, H].
+  Returns float32 [M, H]; rows past the groups give zeros."""
+  h = jax.lax.ragged_dot(rows, w1, group_sizes, preferred_element_type=jnp.float32)
+  g = jax.nn.gelu(h).astype(rows.dtype)
+  return jax.lax.ragged_dot(g, w2, group_sizes, preferred_element_type=jnp.float32)
+
+
+def moe_ep(params, x, idx, config, alignment):
   """Per-shard MoE layer (inside shard_map over 'ep'); also returns routing stats."""
   weights = router_weights(params["router"], x, idx)
-  d = jax_ep.dispatch(x, idx, weights, config=config)
-  y = expert_mlp(d.x, d.topk_idx, d.topk_weights, params["w1"], params["w2"])
-  out = jax_ep.combine(y, d.handle, config=config)
+  d = jax_ep.dispatch(x, idx, weights, config=config, layout="expert_major",
+                      expert_alignment=alignment)
+  # One row per (token, local expert) pair: weight it (0 on padding rows) and
+  # let the combine sum each token's pairs, in float32, back on its rank.
+  y = grouped_mlp(d.x, d.group_sizes, params["w1"], params["w2"])
+  out = jax_ep.combine((y * d.topk_weights[:, None]).astype(x.dtype), d.handle, config=config)
   stats = dict(tokens_per_expert=d.tokens_per_expert, received=d.num_tokens[None],
                dropped=d.num_dropped[None])
   return out, stats
@@ -124,8 +137,8 @@ def error_bound(parts, ref, dtype, hidden: int, ffn: int, num_topk: int, num_ran
 
   The EP side rounds to the activation dtype (unit roundoff u) three times: the
   expert's hidden activation g before the second matmul (<= u * |g| @ |w2|),
-  each rank's weighted sum of its experts' rows before the combine moves them
-  (<= u * sum_k w_k |y_k|), and the combined output (<= u * |out|). Everything
+  each weighted pair row w_k y_k before the combine moves it (together
+  <= u * sum_k w_k |y_k|), and the combined output (<= u * |out|). Everything
   else accumulates in float32: a length-n sum errs by at most
   gamma_n = n u32 / (1 - n u32) of its terms' magnitudes (the matmuls, the
   weighted sums, the router logits, which move the softmax weights by at most
@@ -154,7 +167,7 @@ def jax_ep_custom_calls(program_text: str) -> collections.Counter:
 SPECS = {"router": P(), "w1": P("ep"), "w2": P("ep")}   # experts split over the ranks
 
 
-def make_train_step(config, mesh, learning_rate: float):
+def make_train_step(config, mesh, learning_rate: float, alignment: int):
   """jit(params, x, idx, target) -> (loss, (out, stats), grads, new_params).
 
   params as SPECS; x [R*T, H], idx int32 [R*T, K] (choose_experts), target f32
@@ -164,7 +177,7 @@ def make_train_step(config, mesh, learning_rate: float):
   @functools.partial(jax.shard_map, mesh=mesh, in_specs=(SPECS, P("ep"), P("ep")),
                      out_specs=(P("ep"), P("ep")))
   def layer(params, x, idx):
-    return moe_ep(params, x, idx, config)
+    return moe_ep(params, x, idx, config, alignment)
 
   @jax.jit
   def train_step(params, x, idx, target):
@@ -214,7 +227,8 @@ def main(argv):
   target_host = rng.standard_normal((num_ranks * t, h)).astype(np.float32)
   params = {k: jax.device_put(v, NamedSharding(mesh, SPECS[k])) for k, v in host.items()}
   x, target = (jax.device_put(a, NamedSharding(mesh, P("ep"))) for a in (x_host, target_host))
-  train_step = make_train_step(config, mesh, flags.FLAGS.learning_rate)
+  train_step = make_train_step(config, mesh, flags.FLAGS.learning_rate,
+                               flags.FLAGS.expert_alignment)
 
   # "highest": float32 matmuls in full float32 on GPUs too (not TF32), as the bound assumes.
   with jax.set_mesh(mesh), jax.default_matmul_precision("highest"):
@@ -248,8 +262,9 @@ def main(argv):
   stats = gathered["stats"]
   tokens_per_expert = np.asarray(stats["tokens_per_expert"]).reshape(-1)
   say("routing: tokens per expert", tokens_per_expert.tolist())
-  say(f"routing: rows received per rank {np.asarray(stats['received']).tolist()} "
-      f"(capacity {num_ranks * t}), dropped {int(np.sum(stats['dropped']))}, expert load "
+  say(f"routing: (token, expert) pairs received per rank "
+      f"{np.asarray(stats['received']).tolist()}, dropped {int(np.sum(stats['dropped']))}, "
+      "expert load "
       f"max/mean {tokens_per_expert.max() / max(tokens_per_expert.mean(), 1e-9):.2f}")
 
   out_err = np.abs(np.asarray(gathered["out"], np.float64) - dense_out)

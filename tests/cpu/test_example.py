@@ -48,7 +48,7 @@ def test_moe_layer_example(args):
   out = _example("moe_layer.py", args)
   assert "jax_ep backend: xla; 8 ranks on cpu (1 process(es))" in out
   assert f"dtype={'bfloat16' if args else 'float32'}" in out
-  assert "jax_ep custom calls in the compiled step: jax_ep_cpu_gather_reduce x2" in out
+  assert "jax_ep custom calls in the compiled step: jax_ep_cpu_gather_reduce x3" in out
 
 
 def test_moe_layer_example_on_one_device():
@@ -85,7 +85,7 @@ def test_moe_layer_step_runs_on_the_ht_kernels_on_cuda(num_ranks):
   args = (params, spec((tokens, h), jnp.bfloat16, P("ep")), spec((tokens, k), jnp.int32, P("ep")),
           spec((tokens, h), jnp.float32, P("ep")))
   with lowering_only(config, mesh, backend="cuda"), jax.set_mesh(mesh):
-    step = moe_layer.make_train_step(config, mesh, 0.1)
+    step = moe_layer.make_train_step(config, mesh, 0.1, alignment=8)
     text = step.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   calls = moe_layer.jax_ep_custom_calls(text)
   assert calls == {"jax_ep_ht_dispatch": 2, "jax_ep_ht_combine": 3}, calls
