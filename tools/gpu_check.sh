@@ -20,6 +20,8 @@
 #                 tools/nvshmem_qp_bundle.sh), then the rdma LL suite at N = 2
 #                 (runs last: it replaces the build)
 #       example   examples/moe_layer.py and examples/readme_use.py in one process
+#       ep1bench  jax_ep.bench --mode ht --layouts and --mode ll in one process
+#                 alone on the GPU (EP1: these times are speeds)
 #       nvshmem4py nvshmem4py starts NVSHMEM, jax_ep joins it (tests/gpu_nvshmem4py;
 #                 needs the nvshmem4py-cu13 wheel carried in .whl)
 #   tools/gpu_check.sh [all|tests|bench|ll|ht|faults|build] [quick]

@@ -100,6 +100,19 @@ one_gpu_example() {  # the main job and the README's snippet, one process on the
   done
 }
 
+one_gpu_ep1_bench() {  # one process alone on the GPU (EP1): a speed measurement, unlike the rest
+  local mode log rc
+  for mode in ht ll; do
+    log="$OUT/bench_ep1_${mode}.log"
+    timeout "${BENCH_TIMEOUT_S:-600}" "$PY" -m jax_ep.bench --mode "$mode" --out_dir "$OUT" \
+        $([[ $mode == ht ]] && echo --layouts) > "$log" 2>&1
+    rc=$?
+    note "bench --mode $mode (EP1, one process) rc=$rc"
+    sed -n '/^jax_ep bench/,$p' "$log" | tee -a "$SUMMARY"
+    [ "$rc" -ne 0 ] && status=1 && grep -v "^[IW][0-9]\{4\} " "$log" | tail -15
+  done
+}
+
 one_gpu_qp() {
   if [[ ! -f "$QP_BUNDLE" ]]; then
     note "qp: skipped ($QP_BUNDLE was not carried; tools/nvshmem_qp_bundle.sh makes it)"
@@ -144,7 +157,7 @@ one_gpu_nvshmem4py() {  # needs the nvshmem4py-cu13 wheel carried in .whl (see b
 run_one_gpu() {
   local phases=("$@") phase
   if [[ ${#phases[@]} -eq 0 ]]; then
-    phases=(n2 n4 n8 long rdma faults example nvshmem4py)
+    phases=(n2 n4 n8 long rdma faults example ep1bench nvshmem4py)
     [[ -f "$QP_BUNDLE" ]] && phases+=(qp)
   fi
   note "one GPU, several processes: correctness only"
@@ -157,6 +170,7 @@ run_one_gpu() {
       rdma) one_gpu_rdma ;;
       faults) one_gpu_faults ;;
       example) one_gpu_example ;;
+      ep1bench) one_gpu_ep1_bench ;;
       qp) one_gpu_qp ;;
       nvshmem4py) one_gpu_nvshmem4py ;;
       *) note "unknown phase $phase"; status=1 ;;

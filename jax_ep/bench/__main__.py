@@ -32,6 +32,8 @@ flags.DEFINE_bool("ragged", False, "ht: time only the ragged_all_to_all (MaxText
                   "and the bare all_to_all")
 flags.DEFINE_bool("baselines", True, "ht: also time the portable all_to_all paths "
                   "(--nobaselines: jax_ep and the bare all_to_all only, for quick A/B runs)")
+flags.DEFINE_bool("layouts", False, "ht: also time the expert-major layout against the "
+                  "token-major one and the token-major one followed by a jnp sort")
 flags.DEFINE_list("sm_sweep", [], "ht: also time jax_ep at these SM budgets (EpConfig.num_sms)")
 FLAGS = flags.FLAGS
 
@@ -69,7 +71,7 @@ def main(argv) -> int:
                         FLAGS.num_calls, FLAGS.repeats, FLAGS.seed, sweep=FLAGS.sweep,
                         plot=FLAGS.plot, ragged_only=FLAGS.ragged,
                         sm_sweep=tuple(int(n) for n in FLAGS.sm_sweep),
-                        baselines=FLAGS.baselines)
+                        baselines=FLAGS.baselines, layouts=FLAGS.layouts)
   failed = results.any_failed(rows) or any(
       point.get("errors") for key in ("sweep", "sm_sweep") for point in meta.get(key, []))
   payload = dict(mode=FLAGS.mode, ragged=FLAGS.ragged, **record, timing=TIMING,

@@ -9,7 +9,9 @@ Systems, all timed the same way in the same run (timing.py):
   * ragged_all_to_all (--ragged, its own run): MaxText's dropless EP path
     (ragged.py); its combine timed alone;
   * the bare all_to_all of the padded [R, T, ...] buffer (bare.py), bf16 and
-    FP8, and every system's time over it.
+    FP8, and every system's time over it;
+  * (--layouts) rows grouped by expert for a grouped matmul: the expert-major
+    layout against the token-major one and the user's sort after it (layouts.py).
 Bytes and GB/s: traffic.py (DeepEP's count and the bytes that cross NVLink).
 """
 
@@ -25,6 +27,7 @@ import numpy as np
 import jax_ep
 from jax_ep.backends.xla import XlaBackend
 from jax_ep.bench import bare, measure, ragged, timing, traffic
+from jax_ep.bench import layouts as layout_rows
 from jax_ep.bench.common import deepep_routing, random_rows
 from jax_ep.bench.results import Row, row_of
 from jax_ep.types import DispatchHandle
@@ -184,8 +187,8 @@ def _bare_rows(bare_of: dict[str, measure.Outcome], tokens: int, hidden: int) ->
 
 def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: int,
         repeats: int, seed: int, sweep: bool = False, plot: str | None = None,
-        ragged_only: bool = False, sm_sweep: tuple[int, ...] = (), baselines: bool = True
-        ) -> tuple[list[Row], dict]:
+        ragged_only: bool = False, sm_sweep: tuple[int, ...] = (), baselines: bool = True,
+        layouts: bool = False) -> tuple[list[Row], dict]:
   """The HT table at ``tokens`` per rank; (rows, meta).
 
   ``ragged_only``: time the ragged_all_to_all baseline (and the bare exchange)
@@ -195,6 +198,8 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   bare exchange over tokens per rank 128..8192 (+ PNG). ``sm_sweep``: also
   jax_ep at each of these SM budgets (EpConfig.num_sms). ``baselines=False``:
   jax_ep and the bare exchange only (quick A/B runs of kernel variants).
+  ``layouts``: also the layout rows (layouts.py): expert-major, token-major,
+  and token-major followed by the user's jnp sort.
   """
   num_ranks = jax.device_count()
   mesh = jax.make_mesh((num_ranks,), ("ep",))
@@ -224,6 +229,9 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     rows.append(row_of("get_dispatch_layout", "portable (jnp)", runner.time(
         "layout, portable", lambda i: portable.layout(i, config), [s.idx])))
   rows += _bare_rows(bare_of, tokens, hidden)
+  if layouts:
+    rows += layout_rows.rows(runner, config, s.x, s.idx, s.w, "jax_ep")
+    meta["expert_alignments"] = list(layout_rows.ALIGNMENTS)
   if runner.profiles:
     meta["kernel_profile"] = runner.profiles
   if sm_sweep:

@@ -74,3 +74,18 @@ def test_a_system_that_cannot_run_is_a_failed_row_and_the_status_says_so(tmp_pat
   failed_lines = [line for line in result.stdout.splitlines()
                   if line.startswith("[rank 0] HT ") and "FAILED" in line]
   assert len(failed_lines) == 2
+
+
+def test_bench_layout_rows(tmp_path):
+  """--layouts: dispatch and combine for the expert-major layout (A=1 and 128), the
+  token-major one and the token-major one plus the user's jnp sort, each timed, none
+  failed."""
+  result, _, data = _bench(tmp_path, "--mode", "ht", "--layouts", "--nobaselines")
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  rows = [r for r in data["rows"] if r["op"].startswith("layout: ")]
+  systems = {"jax_ep expert-major A=1", "jax_ep expert-major A=128", "jax_ep token-major",
+             "jax_ep token-major + jnp sort"}
+  for op in ("layout: HT dispatch BF16", "layout: HT combine BF16"):
+    assert {r["system"] for r in rows if r["op"] == op} == systems, rows
+  assert not any(r["failed"] for r in rows)
+  assert data["meta"]["expert_alignments"] == [1, 128]

@@ -1,0 +1,142 @@
+"""HT layout rows: expert-grouped rows for a grouped matmul, three ways, timed alike.
+
+  expert-major A=1, 128  jax_ep.dispatch(layout="expert_major"): pair rows grouped
+                         by local expert, groups padded to A rows; combine of the
+                         weighted pair rows.
+  token-major            jax_ep.dispatch (the default): one row per token and
+                         rank; nothing grouped (the floor of the other two).
+  token-major + jnp sort what users write today (README, ``expert_mlp``): the
+                         dispatch, then (row, expert) pairs sorted by expert and
+                         their rows gathered; back: the weighted pair rows added
+                         into their token rows in float32, then the combine.
+
+Each op returns its whole result (timing.loop_of keeps every leaf alive). The
+combine rows start from pair rows and weights made once, outside the timers.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_ep
+from jax_ep.bench import measure, timing
+from jax_ep.bench.results import Row, row_of
+from jax_ep.types import DispatchHandle, ExpertMajorHandle
+
+# A=1: as many rows as the user's sort (like for like); A=128: grouped-GEMM tiles
+# (TransformerEngine's JAX EP aligns groups to 128 rows), E_local*127 more rows.
+ALIGNMENTS = (1, 128)
+EXPERT_MAJOR = {a: f"expert-major A={a}" for a in ALIGNMENTS}
+TOKEN_MAJOR = "token-major"
+SORTED = "token-major + jnp sort"
+NOTES = {**{name: f"grouped pair rows, groups padded to {a}; combine applies the weights"
+            for a, name in EXPERT_MAJOR.items()},
+         TOKEN_MAJOR: "token rows, not grouped (the floor); combine without weights",
+         SORTED: "grouped pair rows by a jnp sort; combine applies the weights"}
+
+
+def sort_pairs(local_idx: jax.Array, num_local: int):
+  """(order int32[C*K], pair_row int32[C*K], group_sizes int32[E_local]) of the
+  user's sort: the (row, k) pairs by local expert, pairs without one last."""
+  num_topk = local_idx.shape[1]
+  pair_expert = jnp.where(local_idx >= 0, local_idx, num_local).reshape(-1)
+  order = jnp.argsort(pair_expert, stable=True)
+  sizes = jnp.bincount(pair_expert, length=num_local + 1)[:num_local].astype(jnp.int32)
+  return order, (order // num_topk).astype(jnp.int32), sizes
+
+
+def dispatch_ops(config: jax_ep.EpConfig, num_local: int) -> dict[str, Callable]:
+  def sorted_dispatch(x, i, w):
+    d = jax_ep.dispatch(x, i, w, config=config)
+    order, pair_row, sizes = sort_pairs(d.topk_idx, num_local)
+    pair_weight = jnp.where(d.topk_idx >= 0, d.topk_weights, 0.0).reshape(-1)[order]
+    return d, d.x[pair_row], pair_row, pair_weight, sizes
+
+  def expert_major(alignment):
+    return lambda x, i, w: jax_ep.dispatch(x, i, w, config=config, layout="expert_major",
+                                           expert_alignment=alignment)
+
+  return {**{name: expert_major(a) for a, name in EXPERT_MAJOR.items()},
+          TOKEN_MAJOR: lambda x, i, w: jax_ep.dispatch(x, i, w, config=config),
+          SORTED: sorted_dispatch}
+
+
+def combine_ops(config: jax_ep.EpConfig) -> dict[str, Callable]:
+  def expert_major(y, w, recv_src, send_row, kept, pair_src, rows_by_expert, slot_row, pairs):
+    handle = ExpertMajorHandle(
+        token_major=DispatchHandle(recv_src=recv_src, send_row=send_row, num_tokens=kept[0],
+                                   config=config),
+        pair_src=pair_src, rows_by_expert=rows_by_expert, slot_row=slot_row,
+        num_tokens=pairs[0], config=config)
+    return jax_ep.combine((y.astype(jnp.float32) * w[:, None]).astype(y.dtype), handle,
+                          config=config)
+
+  def sorted_combine(y, w, pair_row, recv_src, send_row, kept):
+    handle = DispatchHandle(recv_src=recv_src, send_row=send_row, num_tokens=kept[0],
+                            config=config)
+    rows = jnp.zeros((recv_src.shape[0], y.shape[1]), jnp.float32).at[pair_row].add(
+        y.astype(jnp.float32) * w[:, None])
+    return jax_ep.combine(rows.astype(y.dtype), handle, config=config)
+
+  def token_major(y, recv_src, send_row, kept):
+    handle = DispatchHandle(recv_src=recv_src, send_row=send_row, num_tokens=kept[0],
+                            config=config)
+    return jax_ep.combine(y, handle, config=config)
+
+  return {**{name: expert_major for name in EXPERT_MAJOR.values()}, TOKEN_MAJOR: token_major,
+          SORTED: sorted_combine}
+
+
+def _combine_inputs(mesh, config, num_local, x, idx, w) -> dict[str, Callable[[], list]]:
+  """Each system's combine inputs on this rank, made by one dispatch of that system."""
+  glob = functools.partial(timing.global_array, mesh)
+
+  def made(fn):
+    @functools.cache
+    def inputs():
+      once = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=jax.P("ep"), out_specs=jax.P("ep")))
+      return [timing.local_part(o) for o in once(glob(x), glob(idx), glob(w))]
+    return inputs
+
+  def expert_major(name):
+    def fn(x, i, w):
+      d = dispatch_ops(config, num_local)[name](x, i, w)
+      h = d.handle
+      return (d.x, d.topk_weights, h.token_major.recv_src, h.token_major.send_row,
+              h.token_major.num_tokens[None], h.pair_src, h.rows_by_expert, h.slot_row,
+              h.num_tokens[None])
+    return fn
+
+  def token_major(x, i, w):
+    d = jax_ep.dispatch(x, i, w, config=config)
+    return d.x, d.handle.recv_src, d.handle.send_row, d.num_tokens[None]
+
+  def sorted_(x, i, w):
+    d, rows, pair_row, pair_weight, _ = dispatch_ops(config, num_local)[SORTED](x, i, w)
+    return (rows, pair_weight, pair_row, d.handle.recv_src, d.handle.send_row,
+            d.num_tokens[None])
+
+  return {**{name: made(expert_major(name)) for name in EXPERT_MAJOR.values()},
+          TOKEN_MAJOR: made(token_major), SORTED: made(sorted_)}
+
+
+def rows(runner: measure.Runner, config: jax_ep.EpConfig, x: np.ndarray, idx: np.ndarray,
+         w: np.ndarray, system_prefix: str) -> list[Row]:
+  """The layout rows: dispatch and combine BF16 for each of the three systems."""
+  num_local = config.experts_per_rank(jax.device_count())
+  out = []
+  for name, op in dispatch_ops(config, num_local).items():
+    outcome = runner.time(f"dispatch BF16, {name}", op, [x, idx, w])
+    out.append(row_of("layout: HT dispatch BF16", f"{system_prefix} {name}", outcome,
+                      note=NOTES[name]))
+  made = _combine_inputs(runner.mesh, config, num_local, x, idx, w)
+  for name, op in combine_ops(config).items():
+    outcome = runner.time(f"combine BF16, {name}", op, made[name])
+    out.append(row_of("layout: HT combine BF16", f"{system_prefix} {name}", outcome,
+                      note=NOTES[name]))
+  return out
