@@ -560,6 +560,60 @@ def ll_combine(y: np.ndarray, topk_idx: np.ndarray, topk_weights: np.ndarray,
   return acc.astype(y.dtype)
 
 
+def ll_pair_weights(topk_idx: np.ndarray, topk_weights: np.ndarray,
+                    layout: LlDispatch) -> np.ndarray:
+  """The rows' weights of an LL dispatch given topk_weights: float32[R, E_local,
+  L], row (t, e) = the sum, in k order from +0.0, of w[s, t, k] over the k
+  naming e; 0 at and past count."""
+  num_ranks, num_tokens, num_experts = layout.row_of.shape
+  clean, _ = clean_topk(topk_idx, num_experts)
+  weights = np.asarray(topk_weights).astype(F32)
+  summed = np.zeros((num_ranks, num_tokens, num_experts), F32)
+  src, token = np.indices(clean.shape[:2])
+  for k in range(clean.shape[2]):
+    valid = clean[:, :, k] >= 0
+    e = np.maximum(clean[:, :, k], 0)
+    summed[src, token, e] = np.where(valid, summed[src, token, e] + weights[:, :, k],
+                                     summed[src, token, e])
+  out = np.zeros((num_experts, layout.recv_src.shape[-1]), F32)
+  s_rank, s_token, expert = np.nonzero(layout.row_of >= 0)
+  out[expert, layout.row_of[s_rank, s_token, expert]] = summed[s_rank, s_token, expert]
+  return out.reshape(layout.recv_src.shape)
+
+
+def ll_combine_presummed(y: np.ndarray, topk_idx: np.ndarray, topk_weights: np.ndarray,
+                         layout: LlDispatch) -> np.ndarray:
+  """Every rank's LL combine with the weights given to the dispatch.
+
+  Each rank d holding experts of token (s, t) returns one row p_d = y.dtype(the
+  float32 sum, from +0.0, over t's experts on d in ascending local expert, of
+  W * float32(y row), each product rounded to float32), W = ll_pair_weights;
+  out[s, t] = the float32 sum, from +0.0, of float32(p_d) in rank order; one
+  cast to y's dtype.
+
+  Args:
+    y: [R, E_local, L, ...]; topk_idx, topk_weights: [R, T, K] (the dispatch's).
+  Returns:
+    [R, T, ...] of y's dtype.
+  """
+  y = np.asarray(y)
+  pair_weight = ll_pair_weights(topk_idx, topk_weights, layout)
+  num_ranks, num_tokens, num_experts = layout.row_of.shape
+  experts_per_rank = num_experts // num_ranks
+  trailing = (1,) * (y.ndim - 3)
+  total = np.zeros((num_ranks, num_tokens) + y.shape[3:], F32)
+  for d in range(num_ranks):
+    partial = np.zeros_like(total)
+    for e in range(experts_per_rank):
+      row = layout.row_of[:, :, d * experts_per_rank + e]                # [src, T]
+      safe = np.maximum(row, 0)
+      value = (pair_weight[d, e][safe].reshape(row.shape + trailing)
+               * y[d, e][safe].astype(F32))
+      partial = np.where((row >= 0).reshape(row.shape + trailing), partial + value, partial)
+    total = total + partial.astype(y.dtype).astype(F32)
+  return total.astype(y.dtype)
+
+
 # ====================================================================== gradients
 # The VJPs of the four ops, as jax_ep defines them (jax_ep/ops.py), derived
 # from the forward formulas above. ct_* are cotangents of the outputs, in the

@@ -330,6 +330,9 @@ def gather_rows(src: jax.Array, index: jax.Array) -> jax.Array:
 def gather_reduce(src: jax.Array, index: jax.Array, weights: jax.Array) -> jax.Array:
   """out[n] = sum_m weights[n, m] * src[index[n, m]], fp32 in order of m, cast to src.dtype.
 
+  Each product is rounded to float32 before it is added (no fused
+  multiply-add), on both implementations.
+
   Args:
     src: float32/bfloat16/float16 [P, ...]; index: int32[N, M]; weights: float32[N, M].
   Returns:
@@ -349,7 +352,9 @@ def gather_reduce(src: jax.Array, index: jax.Array, weights: jax.Array) -> jax.A
     for m in range(idx.shape[1]):
       picked = jnp.take(rows, safe[:, m], axis=0, mode="fill", fill_value=0).astype(F32)
       valid = (safe[:, m] < rows.shape[0]).reshape((-1,) + trailing)
-      acc = jnp.where(valid, acc + w[:, m].reshape((-1,) + trailing) * picked, acc)
+      # The barrier keeps XLA from contracting the product and the sum into an FMA.
+      term = jax.lax.optimization_barrier(w[:, m].reshape((-1,) + trailing) * picked)
+      acc = jnp.where(valid, acc + term, acc)
     return acc.astype(src.dtype)
 
   return _per_platform(ffi_fn, jnp_fn, src, index, weights)

@@ -322,7 +322,8 @@ _ht_combine_expert_major.defvjp(_ht_combine_expert_major_fwd, _ht_combine_expert
 
 # ====================================================================== LL dispatch
 def low_latency_dispatch(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
-                         use_fp8: bool = False) -> LowLatencyDispatchResult:
+                         use_fp8: bool = False,
+                         topk_weights: jax.Array | None = None) -> LowLatencyDispatchResult:
   """Writes every (token, expert) pair straight into the expert's row block.
 
   Args:
@@ -331,12 +332,21 @@ def low_latency_dispatch(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
       module docstring). A token choosing the same expert twice sends one row.
     config: the EpConfig given to initialize().
     use_fp8: send float8_e4m3fn rows with per-128-channel scales (jax_ep.fp8).
+    topk_weights: optional float [T_local, K] (used as float32). Given here,
+      each row's weight travels with it (``weights`` of the result), and
+      low_latency_combine(y, topk_idx, None, handle) applies them on the expert
+      side: one row per (token, rank) goes back instead of one per (token,
+      expert).
   Returns:
     LowLatencyDispatchResult (see jax_ep.types).
   """
   if _other_axes.other_axes():
-    return _other_axes.per_group(low_latency_dispatch, x, topk_idx, config=config,
-                                 use_fp8=use_fp8)
+    if topk_weights is None:
+      return _other_axes.per_group(low_latency_dispatch, x, topk_idx, config=config,
+                                   use_fp8=use_fp8)
+    return _other_axes.per_group(
+        lambda x, i, w: low_latency_dispatch(x, i, config=config, use_fp8=use_fp8,
+                                             topk_weights=w), x, topk_idx, topk_weights)
   op = "low_latency_dispatch"
   state, _ = _prepare(op, config)
   num_tokens = _validate.tokens(x, config, op, low_latency=True)
@@ -344,9 +354,14 @@ def low_latency_dispatch(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
   if use_fp8 and config.hidden % 128:
     raise EpConfigError(f"jax_ep.{op}: use_fp8 needs hidden to be a multiple of 128, "
                         f"got {config.hidden}")
-  x, idx = _varying(config, x, idx)
-  return _ll_dispatch(_Static(config=config, backend=state.backend, fp8=bool(use_fp8),
-                              live=state.live_ranks()), x, idx)
+  static = _Static(config=config, backend=state.backend, fp8=bool(use_fp8),
+                   live=state.live_ranks())
+  if topk_weights is None:
+    x, idx = _varying(config, x, idx)
+    return _ll_dispatch(static, x, idx)
+  weights = _validate.topk_weights(topk_weights, num_tokens, config, op)
+  x, idx, weights = _varying(config, x, idx, weights)
+  return _ll_dispatch_with_weights(static, x, idx, weights)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -388,8 +403,38 @@ def _masked_rows(rows: jax.Array, handle: LowLatencyHandle) -> jax.Array:
 _ll_dispatch.defvjp(_ll_dispatch_fwd, _ll_dispatch_bwd, symbolic_zeros=True)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ll_dispatch_with_weights(static: _Static, x, idx, weights) -> LowLatencyDispatchResult:
+  return static.backend.ll_dispatch_with_weights(x, idx, weights, static.config, static.fp8,
+                                                 static.live)
+
+
+def _ll_dispatch_with_weights_fwd(static, x, idx, weights):
+  x, idx, weights = _primal((x, idx, weights))
+  result = _ll_dispatch_with_weights(static, x, idx, weights)
+  return result, (idx, result.handle)
+
+
+def _ll_dispatch_with_weights_bwd(static, residuals, ct: LowLatencyDispatchResult):
+  # Row (t, e)'s weight is the sum of w[t, k] over the k naming e: each such k
+  # gets the row's cotangent, from the result's weights and the handle's copy
+  # (the pre-summed combine's gradient arrives there).
+  idx, handle = residuals
+  (grad_x, _) = _ll_dispatch_bwd(static, residuals, ct)
+  weight_cts = [c for c in (ct.weights, ct.handle.row_weights) if not _is_zero(c)]
+  grad_weights = None
+  if weight_cts:
+    total = functools.reduce(jnp.add, [c.astype(jnp.float32) for c in weight_cts])
+    grad_weights = static.backend.ll_rows_to_pairs(_masked_rows(total, handle), idx, handle)
+  return grad_x, None, grad_weights
+
+
+_ll_dispatch_with_weights.defvjp(_ll_dispatch_with_weights_fwd, _ll_dispatch_with_weights_bwd,
+                                 symbolic_zeros=True)
+
+
 # ====================================================================== LL combine
-def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
+def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array | None,
                         handle: LowLatencyHandle, *, config: EpConfig) -> jax.Array:
   """Returns each expert row to its source and reduces with the top-k weights.
 
@@ -397,12 +442,18 @@ def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Arr
     y: [E_local, R*T_ll, H] bfloat16 (float16/float32 with the portable backend):
       expert outputs in the row order of the matching low_latency_dispatch.
     topk_idx: the [T_local, K] indices given to that dispatch.
-    topk_weights: float [T_local, K] (used as float32).
+    topk_weights: float [T_local, K] (used as float32); None when the weights
+      were given to the dispatch instead (then they are applied on the expert
+      side, below).
     handle: LowLatencyDispatchResult.handle.
     config: the EpConfig given to initialize().
   Returns:
-    [T_local, H] of y.dtype: out[t] = sum over valid k of w[t, k] * y_{rank of e_k}
-    [e_k local, row of (t, e_k)], accumulated in float32.
+    [T_local, H] of y.dtype, accumulated in float32. With topk_weights here:
+    out[t] = sum over valid k, in k order, of w[t, k] * y_{rank of e_k}[e_k
+    local, row of (t, e_k)]. With the weights at the dispatch: each rank r
+    holding experts of t returns one row, p_r[t] = the sum over t's rows on r,
+    in ascending local expert, of weight * row in float32, rounded once to
+    y.dtype; out[t] = the float32 sum of p_r[t] in rank order.
   """
   if _other_axes.other_axes():
     return _other_axes.per_group(low_latency_combine, y, topk_idx, topk_weights, handle,
@@ -426,9 +477,26 @@ def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Arr
     raise EpConfigError(f"jax_ep.{op}: topk_idx has {num_tokens} tokens but the dispatch had "
                         f"{handle.num_tokens}")
   idx = _validate.topk_indices(topk_idx, num_tokens, config, op)
+  static = _Static(config=config, backend=state.backend)
+  if _presummed(handle, topk_weights, op):
+    y, idx = _varying(config, y, idx)
+    return _ll_combine_presummed(static, y, idx, handle)
   weights = _validate.topk_weights(topk_weights, num_tokens, config, op)
   y, idx, weights = _varying(config, y, idx, weights)
-  return _ll_combine(_Static(config=config, backend=state.backend), y, idx, weights, handle)
+  return _ll_combine(static, y, idx, weights, handle)
+
+
+def _presummed(handle: LowLatencyHandle, topk_weights, op: str) -> bool:
+  """Whether the combine applies the dispatch's weights on the expert side;
+  the weights live in one place, the dispatch's or the combine's."""
+  if handle.row_weights is None and topk_weights is None:
+    raise EpConfigError(f"jax_ep.{op}: topk_weights is None but the dispatch got no "
+                        "topk_weights either; pass them to one of the two")
+  if handle.row_weights is not None and topk_weights is not None:
+    raise EpConfigError(f"jax_ep.{op}: the dispatch was given topk_weights and applies them "
+                        "on the expert side; pass topk_weights=None here (or give them here "
+                        "and not to the dispatch)")
+  return handle.row_weights is not None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -460,6 +528,36 @@ def _ll_combine_bwd(static, residuals, ct):
 _ll_combine.defvjp(_ll_combine_fwd, _ll_combine_bwd, symbolic_zeros=True)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ll_combine_presummed(static: _Static, y, idx, handle):
+  return static.backend.ll_combine_presummed(y, idx, handle)
+
+
+def _ll_combine_presummed_fwd(static, y, idx, handle):
+  args = _primal((y, idx, handle))
+  return _ll_combine_presummed(static, *args), args
+
+
+def _ll_combine_presummed_bwd(static, residuals, ct):
+  # out[t] = sum_r round(sum_e w_(t,e) y_(t,e)) with the roundings taken as
+  # exact: d/dy at row (t, e) is w ct[t], d/dw the dot of ct[t] with that row.
+  # ct[t] reaches the rows by a dispatch along the same routing.
+  y, idx, handle = residuals
+  if _is_zero(ct):
+    return None, None, None
+  ct_rows = static.backend.ll_dispatch(ct, idx, static.config, False, handle.live).x
+  ct_rows_f32 = _masked_rows(ct_rows, handle).astype(jnp.float32)
+  grad_y = (ct_rows_f32 * handle.row_weights[..., None]).astype(y.dtype)
+  grad_row_weights = jnp.sum(ct_rows_f32 * _masked_rows(y, handle).astype(jnp.float32), axis=-1)
+  grad_handle = dataclasses.replace(handle, recv_src=None, count=None,
+                                    row_weights=grad_row_weights)
+  return grad_y, None, grad_handle
+
+
+_ll_combine_presummed.defvjp(_ll_combine_presummed_fwd, _ll_combine_presummed_bwd,
+                             symbolic_zeros=True)
+
+
 # ====================================================================== LL, split
 # The one-call LL ops split in two so XLA can schedule other work while the rows
 # travel. A send must be followed by its recv before the next send of the same
@@ -475,11 +573,12 @@ class _Pending:
   num_tokens: int
   live: tuple[bool, ...] = ()
   handle: Any = None
+  presummed: bool = False  # a combine applying the dispatch's weights on the expert side
 
 
 jax.tree_util.register_dataclass(_Pending, data_fields=["sent", "handle"],
                                  meta_fields=["config", "backend", "use_fp8", "num_tokens",
-                                              "live"])
+                                              "live", "presummed"])
 LowLatencyPending = _Pending
 
 
@@ -508,7 +607,8 @@ def _no_grad(fn, name: str):
 
 
 def low_latency_dispatch_send(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
-                              use_fp8: bool = False) -> LowLatencyPending:
+                              use_fp8: bool = False,
+                              topk_weights: jax.Array | None = None) -> LowLatencyPending:
   """First half of low_latency_dispatch: starts sending; returns a pending dispatch.
 
   Same arguments as low_latency_dispatch. Pass the result to
@@ -521,11 +621,17 @@ def low_latency_dispatch_send(x: jax.Array, topk_idx: jax.Array, *, config: EpCo
   idx = _validate.topk_indices(topk_idx, num_tokens, config, op)
   if use_fp8 and config.hidden % 128:
     raise EpConfigError(f"jax_ep.{op}: use_fp8 needs hidden to be a multiple of 128")
-  x, idx = _varying(config, x, idx)
   backend = state.backend
   live = state.live_ranks()
-  sent = _no_grad(lambda x, i: backend.ll_dispatch_send(x, i, config, bool(use_fp8), live),
-                  op)(x, idx)
+  if topk_weights is None:
+    x, idx = _varying(config, x, idx)
+    sent = _no_grad(lambda x, i: backend.ll_dispatch_send(x, i, config, bool(use_fp8), live),
+                    op)(x, idx)
+  else:
+    weights = _validate.topk_weights(topk_weights, num_tokens, config, op)
+    x, idx, weights = _varying(config, x, idx, weights)
+    sent = _no_grad(lambda x, i, w: backend.ll_dispatch_send(x, i, config, bool(use_fp8), live,
+                                                             topk_weights=w), op)(x, idx, weights)
   return _Pending(sent=sent, config=config, backend=backend, use_fp8=bool(use_fp8),
                   num_tokens=num_tokens, live=live)
 
@@ -556,14 +662,18 @@ def low_latency_combine_send(y: jax.Array, handle: LowLatencyHandle, *,
     raise EpConfigError(f"jax_ep.{op}: y must be [E_local, R*T_ll, H], got {y.shape}")
   (y,) = _varying(config, y)
   backend = state.backend
-  sent = _no_grad(lambda y, h: backend.ll_combine_send(y, h), op)(y, handle)
+  presummed = handle.row_weights is not None  # the dispatch's weights, applied here
+  send = backend.ll_combine_presummed_send if presummed else backend.ll_combine_send
+  sent = _no_grad(send, op)(y, handle)
   return _Pending(sent=sent, config=config, backend=backend, use_fp8=False,
-                  num_tokens=handle.num_tokens, live=handle.live, handle=handle)
+                  num_tokens=handle.num_tokens, live=handle.live, handle=handle,
+                  presummed=presummed)
 
 
 def low_latency_combine_recv(pending: LowLatencyPending, topk_idx: jax.Array,
-                             topk_weights: jax.Array, *, config: EpConfig) -> jax.Array:
-  """Second half of low_latency_combine: waits and reduces; same result."""
+                             topk_weights: jax.Array | None, *, config: EpConfig) -> jax.Array:
+  """Second half of low_latency_combine: waits and reduces; same result
+  (topk_weights None when the dispatch had them)."""
   op = "low_latency_combine_recv"
   _require_every_axis_manual(op)
   _prepare(op, config)
@@ -572,6 +682,10 @@ def low_latency_combine_recv(pending: LowLatencyPending, topk_idx: jax.Array,
                         "same config")
   num_tokens = pending.num_tokens
   idx = _validate.topk_indices(topk_idx, num_tokens, config, op)
+  if _presummed(pending.handle, topk_weights, op):
+    (idx,) = _varying(config, idx)
+    fn = lambda s, i, h: pending.backend.ll_combine_presummed_recv(s, i, h)  # noqa: E731
+    return _no_grad(fn, op)(pending.sent, idx, pending.handle)
   weights = _validate.topk_weights(topk_weights, num_tokens, config, op)
   idx, weights = _varying(config, idx, weights)
   fn = lambda s, i, w, h: pending.backend.ll_combine_recv(s, i, w, h)  # noqa: E731

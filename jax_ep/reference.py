@@ -221,11 +221,14 @@ def _ll_rows(all_idx: jax.Array, expert) -> tuple[jax.Array, jax.Array, jax.Arra
 
 
 def low_latency_dispatch(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
-                         use_fp8: bool = False) -> dict:
-  """The LL dispatch as a dict: x [E_local, R*T_ll, H], scales or None, count, recv_src.
+                         use_fp8: bool = False, topk_weights: jax.Array | None = None) -> dict:
+  """The LL dispatch as a dict: x [E_local, R*T_ll, H], scales or None, count,
+  recv_src, and with topk_weights the rows' weights [E_local, R*T_ll] (else None).
 
   Rows past count are zero here (the contract leaves them unspecified).
-  recv_src holds src_rank * T_local + src_token per row, -1 past count.
+  recv_src holds src_rank * T_local + src_token per row, -1 past count. A
+  row's weight is the sum, in k order from 0, of the token's weights naming
+  that expert.
   """
   num_ranks = _num_ranks(config)
   experts_per_rank = config.num_experts // num_ranks
@@ -245,13 +248,33 @@ def low_latency_dispatch(x: jax.Array, topk_idx: jax.Array, *, config: EpConfig,
         jnp.arange(chooses.shape[0], dtype=jnp.int32), mode="drop"))
     counts.append(count)
   stacked = [jnp.stack(o) for o in outs]
+  weights = None
+  if topk_weights is not None:
+    all_w = _gather(topk_weights.astype(jnp.float32), config).reshape(-1, all_idx.shape[-1])
+    flat_idx = all_idx.reshape(-1, all_idx.shape[-1])
+    weights = []
+    for e in range(experts_per_rank):
+      row, chooses, _ = _ll_rows(all_idx, me * experts_per_rank + e)
+      summed = jnp.zeros(flat_idx.shape[:1], jnp.float32)
+      for k in range(flat_idx.shape[1]):
+        summed = summed + jnp.where(flat_idx[:, k] == me * experts_per_rank + e, all_w[:, k], 0.0)
+      weights.append(jnp.zeros((rows,), jnp.float32).at[jnp.where(chooses, row, rows)].set(
+          summed, mode="drop"))
+    weights = jnp.stack(weights)
   return dict(x=stacked[0], scales=stacked[1] if use_fp8 else None, count=jnp.stack(counts),
-              recv_src=jnp.stack(sources))
+              recv_src=jnp.stack(sources), weights=weights)
 
 
 def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array, *,
-                        config: EpConfig) -> jax.Array:
-  """out[t] = sum_k w[t, k] * (row of (t, e_k) in y of e_k's rank), fp32, cast to y.dtype."""
+                        config: EpConfig, presummed: bool = False) -> jax.Array:
+  """out[t] = sum_k w[t, k] * (row of (t, e_k) in y of e_k's rank), fp32, cast to y.dtype.
+
+  ``presummed``: the weights were given to the dispatch: out[t] = fp32 sum in
+  rank order of p_r[t] = y.dtype(fp32 sum over t's experts on r, ascending, of
+  W * row), W the sum in k order of t's weights naming that expert.
+  """
+  if presummed:
+    return _low_latency_combine_presummed(y, topk_idx, topk_weights, config=config)
   num_ranks = _num_ranks(config)
   experts_per_rank = config.num_experts // num_ranks
   me = jax.lax.axis_index(config.axis_name)
@@ -273,6 +296,9 @@ def low_latency_combine(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Arr
     row = row_of[safe_e, tokens]
     picked = all_y[safe_e // experts_per_rank, safe_e % experts_per_rank, row]
     contribution = topk_weights[:, k].astype(jnp.float32)[:, None] * picked.astype(jnp.float32)
+    # Rounded to float32 before it is added: the barrier keeps XLA from
+    # contracting the product and the sum into a fused multiply-add.
+    contribution = jax.lax.optimization_barrier(contribution)
     out = out + jnp.where((e >= 0)[:, None], contribution, 0.0)
   return out.astype(y.dtype)
 
@@ -298,4 +324,34 @@ def _combine_expert_major(y: jax.Array, topk_idx: jax.Array, *, config: EpConfig
       value = all_y[r][jnp.where(my_kept[:, e], my_rows[:, e], 0)].astype(jnp.float32)
       partial = jnp.where(my_kept[:, e].reshape((-1,) + trailing), partial + value, partial)
     total = total + partial
+  return total.astype(y.dtype)
+
+
+def _low_latency_combine_presummed(y: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
+                                   *, config: EpConfig) -> jax.Array:
+  num_ranks = _num_ranks(config)
+  experts_per_rank = config.num_experts // num_ranks
+  me = jax.lax.axis_index(config.axis_name)
+  num_tokens = topk_idx.shape[0]
+  idx = _clean(topk_idx, config)
+  weights = topk_weights.astype(jnp.float32)
+  all_idx = _gather(idx, config)
+  all_y = _gather(y, config)                                              # [R, E_local, R*T_ll, H]
+  total = jnp.zeros((num_tokens,) + y.shape[2:], jnp.float32)
+  for r in range(num_ranks):
+    partial = jnp.zeros_like(total)
+    for e in range(experts_per_rank):
+      expert = r * experts_per_rank + e
+      row, chooses, _ = _ll_rows(all_idx, expert)
+      mine = jax.lax.dynamic_slice_in_dim(chooses, me * num_tokens, num_tokens)
+      my_row = jax.lax.dynamic_slice_in_dim(row, me * num_tokens, num_tokens)
+      w = jnp.zeros((num_tokens,), jnp.float32)
+      for k in range(idx.shape[1]):
+        w = w + jnp.where(idx[:, k] == expert, weights[:, k], 0.0)
+      value = w[:, None] * all_y[r, e][jnp.maximum(my_row, 0)].astype(jnp.float32)
+      # The product is rounded to float32 before it is added: the barrier keeps
+      # XLA from contracting the two into a fused multiply-add.
+      value = jax.lax.optimization_barrier(value)
+      partial = jnp.where(mine[:, None], partial + value, partial)
+    total = total + partial.astype(y.dtype).astype(jnp.float32)
   return total.astype(y.dtype)

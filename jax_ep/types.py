@@ -122,7 +122,7 @@ class DispatchResult:
   group_sizes: Optional[jax.Array] = None
 
 
-@_pytree(data=("recv_src", "count"), meta=("config", "num_tokens", "live"))
+@_pytree(data=("recv_src", "count", "row_weights"), meta=("config", "num_tokens", "live"))
 @dataclasses.dataclass(frozen=True)
 class LowLatencyHandle:
   """Layout of one LL dispatch.
@@ -136,6 +136,10 @@ class LowLatencyHandle:
     num_tokens: T_local of the dispatch (static; decodes source ids).
     live: which EP ranks were live (not masked) when the dispatch was traced,
       (): all of them (static; the combine leaves the same ranks out).
+    row_weights: float32[E_local, R*T_ll] when the dispatch was given
+      topk_weights: each row's pair weight (0 past count); then the combine
+      applies them on the expert side and sends one row back per (token,
+      rank). None otherwise.
   """
 
   recv_src: jax.Array
@@ -143,9 +147,10 @@ class LowLatencyHandle:
   config: EpConfig
   num_tokens: int
   live: tuple[bool, ...] = ()
+  row_weights: Optional[jax.Array] = None
 
 
-@_pytree(data=("x", "scales", "count", "num_invalid", "handle"))
+@_pytree(data=("x", "scales", "count", "num_invalid", "handle", "weights"))
 @dataclasses.dataclass(frozen=True)
 class LowLatencyDispatchResult:
   """What an LL dispatch delivers to this rank.
@@ -160,6 +165,9 @@ class LowLatencyDispatchResult:
     count: int32[E_local]: valid rows per local expert.
     num_invalid: int32[]: this rank's top-k entries outside [-1, E).
     handle: the LowLatencyHandle low_latency_combine needs.
+    weights: float32[E_local, R*T_ll] with topk_weights given to the
+      dispatch: row (t, e)'s weight, the sum in k order of the token's weights
+      naming e; 0 past count (also in handle.row_weights). None otherwise.
   """
 
   x: jax.Array
@@ -167,6 +175,7 @@ class LowLatencyDispatchResult:
   count: jax.Array
   num_invalid: jax.Array
   handle: LowLatencyHandle
+  weights: Optional[jax.Array] = None
 
 
 class Layout(NamedTuple):

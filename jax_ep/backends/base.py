@@ -69,6 +69,19 @@ class Backend(Protocol):
                  handle: LowLatencyHandle) -> jax.Array:
     """[E_local, R*T_ll, H] expert rows -> [T_local, H] = sum_k w * row, fp32."""
 
+  def ll_dispatch_with_weights(self, x: jax.Array, topk_idx: jax.Array,
+                               topk_weights: jax.Array, config: EpConfig, use_fp8: bool,
+                               live: tuple[bool, ...]) -> LowLatencyDispatchResult:
+    """ll_dispatch whose result (``weights``) and handle (``row_weights``) carry
+    each row's pair weight, for a combine that applies them on the expert side."""
+
+  def ll_combine_presummed(self, rows: jax.Array, topk_idx: jax.Array,
+                           handle: LowLatencyHandle) -> jax.Array:
+    """[E_local, R*T_ll, H] rows of a dispatch with weights -> [T_local, H]: each
+    rank sends one row per token, its rows' w * row summed in fp32 in ascending
+    local expert and rounded to the rows' dtype; the source adds those in fp32
+    in rank order."""
+
   def ll_rows_to_pairs(self, values: jax.Array, topk_idx: jax.Array,
                        handle: LowLatencyHandle) -> jax.Array:
     """values f32[E_local, R*T_ll] -> f32[T_local, K]: the value of the row of
@@ -76,12 +89,19 @@ class Backend(Protocol):
 
   # Low latency, split in two for overlap.
   def ll_dispatch_send(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig,
-                       use_fp8: bool, live: tuple[bool, ...]) -> LowLatencySent: ...
+                       use_fp8: bool, live: tuple[bool, ...],
+                       topk_weights: jax.Array | None = None) -> LowLatencySent: ...
 
   def ll_dispatch_recv(self, sent: LowLatencySent, config: EpConfig, use_fp8: bool,
                        num_tokens: int, live: tuple[bool, ...]) -> LowLatencyDispatchResult: ...
 
   def ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle) -> LowLatencySent: ...
+
+  def ll_combine_presummed_send(self, rows: jax.Array,
+                                handle: LowLatencyHandle) -> LowLatencySent: ...
+
+  def ll_combine_presummed_recv(self, sent: LowLatencySent, topk_idx: jax.Array,
+                                handle: LowLatencyHandle) -> jax.Array: ...
 
   def ll_combine_recv(self, sent: LowLatencySent, topk_idx: jax.Array, topk_weights: jax.Array,
                       handle: LowLatencyHandle) -> jax.Array: ...

@@ -13,6 +13,8 @@ the EP axis like its inputs.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -344,6 +346,45 @@ class CudaBackend(XlaBackend):
                                                    False, num_ranks, live)
     return result.x, row_weights
 
+  def ll_dispatch_with_weights(self, x: jax.Array, topk_idx: jax.Array,
+                               topk_weights: jax.Array, config: EpConfig, use_fp8: bool,
+                               live: tuple[bool, ...] = ()) -> LowLatencyDispatchResult:
+    """One kernel: each pair's weight travels in its header (as for the LL
+    combine's backward)."""
+    require_low_latency(config, "low_latency_dispatch")
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    why = ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True)
+    if why is not None:
+      portable_fallback("low_latency_dispatch", config, *why)
+      return super().ll_dispatch_with_weights(x, topk_idx, topk_weights, config, use_fp8, live)
+    result, row_weights = self._ll_dispatch_kernel(x, topk_idx, topk_weights.astype(F32),
+                                                   config, use_fp8, num_ranks, live)
+    return dataclasses.replace(
+        result, weights=row_weights,
+        handle=dataclasses.replace(result.handle, row_weights=row_weights))
+
+  # The LL combine kernel sends one row per (token, expert) and applies the
+  # weights at the source; sending one pre-summed row per (token, rank) needs
+  # another kernel, not built yet.
+  _PRESUM_REASON = ("the weights came with the dispatch, and the LL combine kernel does not "
+                    "pre-sum a token's rows per rank yet")
+  _PRESUM_FIX = ("pass topk_weights to low_latency_combine instead of low_latency_dispatch "
+                 "(the kernels then apply them at the source)")
+
+  def ll_combine_presummed(self, rows: jax.Array, topk_idx: jax.Array,
+                           handle: LowLatencyHandle) -> jax.Array:
+    require_low_latency(handle.config, "low_latency_combine")
+    portable_fallback("low_latency_combine", handle.config, self._PRESUM_REASON,
+                      self._PRESUM_FIX)
+    return super().ll_combine_presummed(rows, topk_idx, handle)
+
+  def ll_combine_presummed_send(self, rows: jax.Array,
+                                handle: LowLatencyHandle) -> LowLatencySent:
+    require_low_latency(handle.config, "low_latency_combine_send")
+    portable_fallback("low_latency_combine_send", handle.config, self._PRESUM_REASON,
+                      self._PRESUM_FIX)
+    return super().ll_combine_presummed_send(rows, handle)
+
   def _ll_dispatch_kernel(self, x, topk_idx, topk_weights, config: EpConfig, use_fp8: bool,
                           num_ranks: int, live: tuple[bool, ...]):
     if config.debug_checks:
@@ -421,14 +462,19 @@ class CudaBackend(XlaBackend):
 
   # ---------------------------------------------------------------- LL, split for overlap
   def ll_dispatch_send(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig,
-                       use_fp8: bool, live: tuple[bool, ...] = ()) -> LowLatencySent:
+                       use_fp8: bool, live: tuple[bool, ...] = (),
+                       topk_weights: jax.Array | None = None) -> LowLatencySent:
     """Starts an LL dispatch; the kernel path hands (num_invalid, ticket) to the recv."""
     require_low_latency(config, "low_latency_dispatch_send")
     num_ranks = jax.lax.axis_size(config.axis_name)
     why = ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True)
+    if why is None and topk_weights is not None:
+      why = ("topk_weights: the split dispatch kernels do not carry the weights yet",
+             "use the one-call low_latency_dispatch with topk_weights, or pass topk_weights to "
+             "the combine")
     if why is not None:
       portable_fallback("low_latency_dispatch_send", config, *why)
-      return super().ll_dispatch_send(x, topk_idx, config, use_fp8, live)
+      return super().ll_dispatch_send(x, topk_idx, config, use_fp8, live, topk_weights)
     if config.debug_checks:
       self.layout(topk_idx, config)
     sent = _call("jax_ep_ll_dispatch_send", (result_type((), I32, x), result_type((), I32, x)),

@@ -12,11 +12,16 @@ capacity-padded ``jax.lax.all_to_all`` over the EP axis:
                 -> all_to_all -> receiver compacts per expert
   LL combine    receiver rows -> [R, E_local, T_local, ...] -> all_to_all
                 -> sender sums w * row over its top-k in fp32
+  LL combine,   receiver sums w * row per source token (weights from the
+  pre-summed    dispatch) -> [R, T_local, ...] -> all_to_all -> sender sums
+                the ranks' rows in fp32
 
 All functions run inside shard_map over ``config.axis_name``.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -194,7 +199,11 @@ class XlaBackend:
   # Split LL ops: the portable exchange is one all_to_all, so the dispatch
   # happens in its send half and the combine in its recv half.
   def ll_dispatch_send(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig,
-                       use_fp8: bool, live: tuple[bool, ...] = ()) -> LowLatencySent:
+                       use_fp8: bool, live: tuple[bool, ...] = (),
+                       topk_weights: jax.Array | None = None) -> LowLatencySent:
+    if topk_weights is not None:
+      return LowLatencySent(path="portable", payload=XlaBackend.ll_dispatch_with_weights(
+          self, x, topk_idx, topk_weights, config, use_fp8, live))
     return LowLatencySent(path="portable",
                           payload=XlaBackend.ll_dispatch(self, x, topk_idx, config, use_fp8, live))
 
@@ -224,6 +233,55 @@ class XlaBackend:
     index = jnp.where(clean >= 0, clean * num_tokens + tokens, -1)
     weights = jnp.where(clean >= 0, topk_weights, 0.0).astype(F32)
     return local_ops.gather_reduce(returned, index, weights)
+
+  # ---------------------------------------------------------------- LL, weights on the expert side
+  def ll_dispatch_with_weights(self, x: jax.Array, topk_idx: jax.Array,
+                               topk_weights: jax.Array, config: EpConfig, use_fp8: bool,
+                               live: tuple[bool, ...] = ()) -> LowLatencyDispatchResult:
+    result = XlaBackend.ll_dispatch(self, x, topk_idx, config, use_fp8, live)
+    row_weights = XlaBackend.ll_pairs_to_rows(self, topk_weights, topk_idx, result.handle)
+    return dataclasses.replace(
+        result, weights=row_weights,
+        handle=dataclasses.replace(result.handle, row_weights=row_weights))
+
+  def ll_combine_presummed(self, rows: jax.Array, topk_idx: jax.Array,
+                           handle: LowLatencyHandle) -> jax.Array:
+    """Per rank, each source token's rows weighted and summed in ascending local
+    expert (fp32, one rounding to the rows' dtype), one [R, T_local, H]
+    all_to_all, then the copies summed in fp32 in rank order."""
+    config = handle.config
+    num_ranks = _num_ranks(config)
+    num_tokens = handle.num_tokens
+    experts_per_rank, rows_per_expert = rows.shape[:2]
+    row_shape = rows.shape[2:]
+    slots = num_ranks * num_tokens
+    src = handle.recv_src
+    expert = jnp.arange(experts_per_rank, dtype=I32)[:, None]
+    row_of_slot = jnp.full((experts_per_rank, slots), -1, I32).at[
+        expert, jnp.where(src >= 0, src, slots)].set(
+            jnp.broadcast_to(jnp.arange(rows_per_expert, dtype=I32), src.shape), mode="drop")
+    index = jnp.where(row_of_slot >= 0, expert * rows_per_expert + row_of_slot, -1).T
+    weights = jnp.where(index >= 0, handle.row_weights.reshape(-1)[jnp.maximum(index, 0)], 0.0)
+    partials = local_ops.gather_reduce(rows.reshape((-1,) + row_shape), index, weights)
+    returned = _exchange(partials.reshape((num_ranks, num_tokens) + row_shape), config.axis_name)
+    clean = _live_experts(self.layout(topk_idx, config).clean_idx, config, handle.live)
+    owner = jnp.where(clean >= 0, clean // experts_per_rank, -1)
+    ranks = jnp.arange(num_ranks, dtype=I32)
+    has_rows = jnp.any(owner[:, :, None] == ranks, axis=1)              # [T_local, R]
+    tokens = jnp.arange(num_tokens, dtype=I32)[:, None]
+    from_rank = jnp.where(has_rows, ranks * num_tokens + tokens, -1)
+    return local_ops.gather_reduce(returned.reshape((slots,) + row_shape), from_rank,
+                                   jnp.ones(from_rank.shape, F32))
+
+  def ll_combine_presummed_send(self, rows: jax.Array,
+                                handle: LowLatencyHandle) -> LowLatencySent:
+    del handle
+    return LowLatencySent(path="portable", payload=rows)
+
+  def ll_combine_presummed_recv(self, sent: LowLatencySent, topk_idx: jax.Array,
+                                handle: LowLatencyHandle) -> jax.Array:
+    assert sent.path == "portable", sent.path
+    return XlaBackend.ll_combine_presummed(self, sent.payload, topk_idx, handle)
 
   def _exchange_index(self, handle: LowLatencyHandle, num_tokens: int) -> jax.Array:
     """Flat [R, E_local, T_local] exchange position of each received row, -1 past count."""

@@ -492,3 +492,35 @@ def test_expert_major_runs_on_the_kernels_plus_announced_local_passes(caplog):
   # fallback="error" refuses the portable exchange only: this path has none.
   strict = dataclasses.replace(CONFIG, fallback="error")
   assert sorted(_targets_and_text(_expert_major_layer(strict), strict)[0]) == sorted(targets)
+
+
+# ------------------------------------------------------------------ LL weights at the dispatch
+def test_low_latency_dispatch_with_weights_carries_them_on_the_kernel():
+  """topk_weights given to the dispatch travel in the kernel's pair headers (its
+  weights result, [E_local, R*T_ll]); the pre-summed combine has no kernel yet:
+  the portable exchange, announced, refused under fallback="error"."""
+  def dispatch_only(x, idx, w):
+    d = jax_ep.low_latency_dispatch(x, idx, config=CONFIG, topk_weights=w)
+    return d.x, d.weights
+
+  text = _lower_for_cuda(dispatch_only, ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
+                         ((16, 4), jnp.float32))
+  calls = _custom_calls(text)
+  assert _targets(calls) == ["jax_ep_ll_dispatch"]
+  assert "(tensor<8x256xbf16>, tensor<8x4xi32>, tensor<8x4xf32>) ->" in calls[0], calls[0]
+  assert "tensor<8x16xf32>, tensor<i32>)" in calls[0], calls[0]  # the rows' weights
+  assert "all_to_all" not in text
+
+  def presummed(config):
+    def fn(x, idx, w):
+      d = jax_ep.low_latency_dispatch(x, idx, config=config, topk_weights=w)
+      return jax_ep.low_latency_combine(d.x, idx, None, d.handle, config=config)
+    return fn
+
+  strict = dataclasses.replace(CONFIG, fallback="error")
+  with pytest.raises(jax_ep.EpConfigError, match="does not pre-sum"):
+    _lower_for_cuda(presummed(strict), ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
+                    ((16, 4), jnp.float32), config=strict)
+  text = _lower_for_cuda(presummed(ALLOW), ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
+                         ((16, 4), jnp.float32), config=ALLOW)
+  assert "jax_ep_ll_dispatch" in text and "all_to_all" in text

@@ -83,8 +83,7 @@ def test_low_latency_combine_matches_oracle(shape, dtype):
   assert out.shape == (num_ranks, t_local, h) and out.dtype == np.dtype(dtype)
   # Bitwise against the host oracle on the same expert rows: the portable
   # combine rounds each w * y to float32, then adds, in k order from +0.0, and
-  # rounds once. (The jnp oracle's XLA CPU code fuses w * y + acc into an FMA,
-  # so it is not bitwise: tests/cpu/test_host_reference.py bounds it.)
+  # rounds once (tests/cpu/test_host_reference.py checks the jnp oracle too).
   layout = host_reference.ll_dispatch(_global(x, num_ranks), _global(idx, num_ranks), config)
   want = host_reference.ll_combine(y, _global(idx, num_ranks), _global(w, num_ranks), layout)
   np.testing.assert_array_equal(bits(out), bits(want))

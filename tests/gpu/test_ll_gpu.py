@@ -260,3 +260,31 @@ def test_ll_split_ops_match_one_call_ops(use_fp8):
   if not use_fp8:
     layout = hr.ll_dispatch(x, idx, config)
     _assert_combine(out, _host_expert(layout.x), idx, w, layout)
+
+
+@pytest.mark.parametrize("use_fp8", [False, True])
+def test_ll_dispatch_with_weights_carries_each_rows_weight(use_fp8):
+  """topk_weights given to the dispatch: each row's weight (the sum in k order
+  of the token's weights naming that expert) arrives with it, bitwise; the rows
+  are the same as without weights."""
+  e, k, t_ll, h = _experts(32), 8, 64, 512
+  config, mesh = _setup(e, k, t_ll, h)
+  gen = rng(9100 + use_fp8)
+  r = num_ranks()
+  x = rows(gen, (r, t_ll, h))
+  idx = global_routing(gen, (r,), t_ll, k, e)
+  idx[:, 3, 1] = idx[:, 3, 0] = np.arange(r) % e  # one expert named twice: one row, w summed
+  w = weights(gen, (r, t_ll, k))
+
+  def fn(x, idx, w):
+    d = jax_ep.low_latency_dispatch(x, idx, config=config, use_fp8=use_fp8, topk_weights=w)
+    plain = jax_ep.low_latency_dispatch(x, idx, config=config, use_fp8=use_fp8)
+    return d, plain
+
+  d, plain = run(fn, mesh, x, idx, w)
+  layout = hr.ll_dispatch(x, idx, config, use_fp8=use_fp8)
+  assert_bitwise(d.weights, mine(hr.ll_pair_weights(idx, w, layout)), "weights")
+  assert_bitwise(d.handle.row_weights, d.weights, "handle.row_weights")
+  assert_bitwise(d.count, plain.count, "count")
+  valid = _valid(d.count, d.x.shape[1])
+  assert_bitwise(d.x[valid], plain.x[valid], "rows")
