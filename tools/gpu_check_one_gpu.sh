@@ -98,6 +98,20 @@ one_gpu_example() {  # the main job and the README's snippet, one process on the
         | grep -E "backend|custom calls|OK|MISMATCH|out\[" | tail -3 | tr '\n' ' ')"
     [ "$rc" -ne 0 ] && status=1 && tail -20 "$log"
   done
+  # The MoE transformer needs optax: the machine's, or a wheel carried in .whl.
+  local site=()
+  if ! "$PY" -c "import optax" > /dev/null 2>&1 && ls .whl/optax-* > /dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/jax_ep_optax \
+        .whl/optax-*.whl
+    site=(PYTHONPATH="/tmp/jax_ep_optax:${PYTHONPATH:-}")
+  fi
+  log="$OUT/example_moe_transformer_ep1.log"
+  env "${site[@]}" timeout 600 "$PY" examples/moe_transformer.py --plot "$OUT/moe_transformer.png" \
+      > "$log" 2>&1
+  rc=$?
+  note "examples/moe_transformer.py (EP1, one process) rc=$rc: $(grep -E \
+      "^(dense check|step +[0-9]+/|learning|OK|MISMATCH|NO LEARNING)" "$log" | tail -4 | tr '\n' ' ')"
+  [ "$rc" -ne 0 ] && status=1 && tail -20 "$log"
 }
 
 one_gpu_ep1_bench() {  # one process alone on the GPU (EP1): a speed measurement, unlike the rest
