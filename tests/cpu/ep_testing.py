@@ -36,6 +36,11 @@ def run_per_shard(fn: Callable, mesh: jax.sharding.Mesh, *args, axis: str = "ep"
   return jax.tree.map(np.asarray, mapped(*placed))
 
 
+def place(mesh: jax.sharding.Mesh, *arrays, axis: str = "ep") -> list[jax.Array]:
+  """Each array split along dim 0 over ``axis`` (global inputs of a shard_map)."""
+  return [jax.device_put(a, NamedSharding(mesh, P(axis))) for a in arrays]
+
+
 def random_routing(rng: np.random.Generator, num_tokens: int, num_topk: int, num_experts: int,
                    *, none_fraction: float = 0.2, skew: float = 0.0,
                    allowed: np.ndarray | None = None) -> np.ndarray:

@@ -1,17 +1,15 @@
 """The expert-major HT layout (layout="expert_major") against the oracle."""
 
-import functools
-
 import jax
 import jax.test_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
-from ep_testing import bits, local_steps, random_routing, random_rows, run_per_shard, setup
+from ep_testing import (bits, local_steps, place, random_routing, random_rows, run_per_shard,
+                        setup)
 
 # (R, E, K, T, T_local, H, A)
 SHAPES = [
@@ -280,10 +278,6 @@ def test_cpu_handlers_and_their_jnp_twins_agree_with_the_oracle(steps):
 
 
 # ---------------------------------------------------------------- gradients
-def _place(mesh, *arrays):
-  return [jax.device_put(a, NamedSharding(mesh, P("ep"))) for a in arrays]
-
-
 def _layer(x, idx, w, config, alignment, impl, nonlinear):
   """dispatch -> per-pair expert (scaled by the pair weight) -> combine."""
   kwargs = dict(config=config, layout="expert_major", expert_alignment=alignment)
@@ -319,7 +313,7 @@ def test_gradients_match_the_oracle_bitwise_on_exact_sums(num_ranks, alignment):
   idx = _routing(rng, num_ranks, t, k, e)
   w = rng.integers(1, 9, (num_ranks * t, k)).astype(np.float32) / 8
   cot = rng.integers(-4, 5, (num_ranks * t, h)).astype(np.float32)
-  x, idx, w, cot = _place(mesh, x, idx, w, cot)
+  x, idx, w, cot = place(mesh, x, idx, w, cot)
   ours = _grads("ours", config, mesh, x, idx, w, cot, alignment, nonlinear=False)
   ref = _grads("ref", config, mesh, x, idx, w, cot, alignment, nonlinear=False)
   for a, b in zip(ours, ref):
@@ -335,7 +329,7 @@ def test_gradients_check_numerically():
   x = random_rows(rng, (6, 8), jnp.float32) * 0.5
   idx = _routing(rng, 2, 3, 2, 4)
   w = rng.random((6, 2), np.float32)
-  x, idx, w = _place(mesh, x, idx, w)
+  x, idx, w = place(mesh, x, idx, w)
   per_shard = lambda x, i, w: _layer(x, i, w, config, 2, "ours", True)  # noqa: E731
   f = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
   with jax.set_mesh(mesh):
@@ -350,7 +344,7 @@ def test_gradients_of_weights_alone_and_rows_alone():
   x = random_rows(rng, (16, 16), jnp.float32)
   idx = _routing(rng, 4, 4, 2, 8)
   w = rng.random((16, 2), np.float32)
-  x, idx, w = _place(mesh, x, idx, w)
+  x, idx, w = place(mesh, x, idx, w)
   kwargs = dict(config=config, layout="expert_major", expert_alignment=4)
 
   def parts(impl):

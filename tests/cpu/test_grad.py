@@ -7,11 +7,10 @@ import jax.test_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
-from ep_testing import random_routing, random_rows, setup
+from ep_testing import place, random_routing, random_rows, setup
 
 
 def _routing(rng, num_ranks, t_local, k, e):
@@ -21,10 +20,6 @@ def _routing(rng, num_ranks, t_local, k, e):
 def _global_fn(per_shard, mesh):
   """jit(shard_map) of a per-shard function over arrays split on dim 0."""
   return jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
-
-
-def _place(mesh, *arrays):
-  return [jax.device_put(a, NamedSharding(mesh, P("ep"))) for a in arrays]
 
 
 def _ht_layer(x, idx, w, config, impl):
@@ -64,7 +59,7 @@ def test_grad_matches_oracle(layer, num_ranks, dtype):
   idx = _routing(rng, num_ranks, t_local, k, e)
   w = rng.random((num_ranks * t_local, k), np.float32)
   cot = random_rows(rng, (num_ranks * t_local, h), jnp.float32)
-  x, idx, w, cot = _place(mesh, x, idx, w, cot)
+  x, idx, w, cot = place(mesh, x, idx, w, cot)
 
   def loss(impl, x, w):
     f = _global_fn(lambda x, i, w: layer(x, i, w, config, impl), mesh)
@@ -88,7 +83,7 @@ def test_grad_of_weights_only_and_of_rows_only():
   x = random_rows(rng, (16, 16), jnp.float32)
   idx = _routing(rng, 4, 4, 2, 8)
   w = rng.random((16, 2), np.float32)
-  x, idx, w = _place(mesh, x, idx, w)
+  x, idx, w = place(mesh, x, idx, w)
 
   def parts(impl):
     def per_shard(x, i, w):
@@ -116,7 +111,7 @@ def test_check_grads_numerically(layer):
   x = random_rows(rng, (6, 128), jnp.float32) * 0.5
   idx = _routing(rng, 2, 3, 2, 4)
   w = rng.random((6, 2), np.float32)
-  x, idx, w = _place(mesh, x, idx, w)
+  x, idx, w = place(mesh, x, idx, w)
   f = _global_fn(lambda x, i, w: layer(x, i, w, config, "ours"), mesh)
   with jax.set_mesh(mesh):
     sharded = lambda x, w: f(jax.reshard(x, P("ep")), idx, jax.reshard(w, P("ep")))
@@ -129,7 +124,7 @@ def test_fp8_dispatch_rows_are_not_differentiable_but_weights_are():
   x = random_rows(rng, (6, 128), jnp.float32)
   idx = _routing(rng, 2, 3, 2, 4)
   w = rng.random((6, 2), np.float32)
-  x, idx, w = _place(mesh, x, idx, w)
+  x, idx, w = place(mesh, x, idx, w)
 
   def per_shard(x, i, w, use_rows):
     d = jax_ep.dispatch(jax_ep.fp8.quantize(x), i, w, config=config)
@@ -148,7 +143,7 @@ def test_fp8_dispatch_rows_are_not_differentiable_but_weights_are():
 
 def test_forward_mode_gives_a_clear_error():
   config, mesh = setup(2, num_experts=4, hidden=8, max_tokens_per_rank=2, num_topk=1)
-  x, idx, w = _place(mesh, np.ones((4, 8), np.float32), np.zeros((4, 1), np.int32),
+  x, idx, w = place(mesh, np.ones((4, 8), np.float32), np.zeros((4, 1), np.int32),
                      np.ones((4, 1), np.float32))
   f = _global_fn(lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).x, mesh)
   with jax.set_mesh(mesh), pytest.raises(TypeError, match="custom_vjp"):

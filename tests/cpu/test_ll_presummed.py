@@ -6,12 +6,12 @@ import jax.numpy as jnp
 import jax.test_util
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
 from jax_ep import host_reference as hr
-from ep_testing import bits, random_routing, random_rows, run_per_shard, setup, valid_rows_mask
+from ep_testing import (bits, place, random_routing, random_rows, run_per_shard, setup,
+                        valid_rows_mask)
 
 # (R, E, K, T, T_local, H)
 SHAPES = [
@@ -158,10 +158,6 @@ def test_masked_ranks_are_left_out():
 
 
 # ---------------------------------------------------------------- gradients
-def _place(mesh, *arrays):
-  return [jax.device_put(a, NamedSharding(mesh, P("ep"))) for a in arrays]
-
-
 def _layer(x, idx, w, config, impl, nonlinear):
   if impl == "ours":
     d = jax_ep.low_latency_dispatch(x, idx, config=config, topk_weights=w)
@@ -183,7 +179,7 @@ def test_gradients_match_the_oracle_bitwise_on_exact_sums(num_ranks):
   idx = _routing(rng, num_ranks, t, k, e)
   w = rng.integers(1, 9, (num_ranks * t, k)).astype(np.float32) / 8
   cot = rng.integers(-4, 5, (num_ranks * t, h)).astype(np.float32)
-  x, idx, w, cot = _place(mesh, x, idx, w, cot)
+  x, idx, w, cot = place(mesh, x, idx, w, cot)
   grads = {}
   for impl in ("ours", "ref"):
     f = jax.jit(jax.shard_map(lambda x, i, w, impl=impl: _layer(x, i, w, config, impl, False),
@@ -203,7 +199,7 @@ def test_gradients_check_numerically():
   x = random_rows(rng, (6, 128), jnp.float32) * 0.5
   idx = _routing(rng, 2, 3, 2, 4)
   w = rng.random((6, 2), np.float32)
-  x, idx, w = _place(mesh, x, idx, w)
+  x, idx, w = place(mesh, x, idx, w)
   f = jax.jit(jax.shard_map(lambda x, i, w: _layer(x, i, w, config, "ours", True), mesh=mesh,
                             in_specs=P("ep"), out_specs=P("ep")))
   with jax.set_mesh(mesh):
@@ -218,7 +214,7 @@ def test_gradient_of_the_dispatched_weights_alone():
   x = random_rows(rng, (16, 128), jnp.float32)
   idx = _routing(rng, 4, 4, 2, 8)
   w = rng.integers(1, 9, (16, 2)).astype(np.float32) / 8
-  x, idx, w = _place(mesh, x, idx, w)
+  x, idx, w = place(mesh, x, idx, w)
 
   def per_shard(x, i, w):
     return jnp.sum(jax_ep.low_latency_dispatch(x, i, config=config, topk_weights=w).weights

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jax_ep import local_ops
-from ep_testing import bits, random_routing
+from ep_testing import bits, local_steps, random_routing
 
 
 def _both(op, *args, **kwargs):
@@ -22,17 +22,8 @@ def _both(op, *args, **kwargs):
 
 def _jnp_twin(op, *args, **kwargs):
   """Runs ``op`` with platform_dependent forced onto its default (jnp) branch."""
-  original = jax.lax.platform_dependent
-
-  def force_default(*a, default=None, **per_platform):
-    del per_platform
-    return default(*a)
-
-  jax.lax.platform_dependent = force_default
-  try:
+  with local_steps("jnp"):
     return jax.jit(lambda *a: op(*a, **kwargs))(*args)
-  finally:
-    jax.lax.platform_dependent = original
 
 
 def _assert_same(a, b, exact=True):
