@@ -11,7 +11,9 @@ Systems, all timed the same way in the same run (timing.py):
   * the bare all_to_all of the padded [R, T, ...] buffer (bare.py), bf16 and
     FP8, and every system's time over it;
   * (--layouts) rows grouped by expert for a grouped matmul: the expert-major
-    layout against the token-major one and the user's sort after it (layouts.py).
+    layout against the token-major one and the user's sort after it (layouts.py);
+  * the HBM floors of the local path (floors.py): one tiny kernel, a copy and an
+    FP8 quantize of the rows in plain XLA.
 Bytes and GB/s: traffic.py (DeepEP's count and the bytes that cross NVLink).
 """
 
@@ -26,7 +28,7 @@ import numpy as np
 
 import jax_ep
 from jax_ep.backends.xla import XlaBackend
-from jax_ep.bench import bare, measure, ragged, timing, traffic
+from jax_ep.bench import bare, floors, measure, ragged, timing, traffic
 from jax_ep.bench import layouts as layout_rows
 from jax_ep.bench.common import deepep_routing, random_rows
 from jax_ep.bench.results import Row, row_of
@@ -229,6 +231,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     rows.append(row_of("get_dispatch_layout", "portable (jnp)", runner.time(
         "layout, portable", lambda i: portable.layout(i, config), [s.idx])))
   rows += _bare_rows(bare_of, tokens, hidden)
+  rows += floors.ht_rows(runner, s.x, s.idx)
   if layouts:
     rows += layout_rows.rows(runner, config, s.x, s.idx, s.w, "jax_ep")
     meta["expert_alignments"] = list(layout_rows.ALIGNMENTS)

@@ -7,7 +7,9 @@ Systems, all timed the same way in the same run (timing.py):
     FP8 against FP8 (rows and scales, quantized inside, as jax_ep does);
   * the bare all_to_all of the padded [R, T, ...] buffer (bare.py), bf16 and
     FP8, and every system's time over it;
-  * jax_ep's calls that move no rows (all top-k entries -1): the fixed cost.
+  * jax_ep's calls that move no rows (all top-k entries -1): the fixed cost;
+  * the HBM floors of the local path (floors.py): one tiny kernel, the pair
+    rows' gather, copy and sum in plain XLA.
 Bytes and GB/s: traffic.py (DeepEP's count and the bytes that cross the links).
 """
 
@@ -22,7 +24,7 @@ import numpy as np
 
 import jax_ep
 from jax_ep.backends.xla import XlaBackend
-from jax_ep.bench import bare, measure, timing, traffic
+from jax_ep.bench import bare, floors, measure, timing, traffic
 from jax_ep.bench.common import deepep_routing, random_rows
 from jax_ep.bench.results import Row, row_of
 from jax_ep.types import LowLatencyHandle
@@ -129,6 +131,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     rows.append(row_of(f"bare all_to_all {label} [R,{tokens},H]", BARE, bare_of[label],
                        traffic.bare_all_to_all(num_ranks, tokens, hidden, fp8), bare_of[label],
                        note="each token once per rank, no routing or packing"))
+  rows += floors.ll_rows(runner, x, idx)
   meta = dict(tokens_per_rank=tokens, hidden=hidden, num_experts=num_experts, topk=num_topk,
               num_ranks=num_ranks, num_calls=num_calls,
               short_calls=timing.short_calls_of(max(num_calls, 2)), repeats=repeats, seed=seed,

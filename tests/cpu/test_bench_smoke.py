@@ -56,6 +56,11 @@ def test_bench_runs_and_compares_every_system_with_the_bare_exchange(tmp_path, m
   fp8 = [r for r in rows if r["system"].startswith("jax_ep") and "FP8" in r["op"]]
   portable_fp8 = [r for r in rows if r["system"] == "all_to_all (portable)" and "FP8" in r["op"]]
   assert len(fp8) == 1 and fp8[0]["portable_us"] == portable_fp8[0]["us"]
+  floors = {r["op"] for r in rows if r["system"] == "XLA (HBM floor)"}
+  assert floors == ({"one tiny kernel", "LL dispatch: row gather", "LL dispatch: copy of the rows",
+                     "LL combine: sum of pair rows"} if mode == "ll" else
+                    {"one tiny kernel", "HT BF16: copy of the rows",
+                     "HT FP8: quantize of the rows"}), floors
   assert "[rank 0] op " in result.stdout  # the table
 
 

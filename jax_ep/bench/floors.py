@@ -1,0 +1,100 @@
+"""HBM floors: plain XLA ops that move an op's bytes with no routing, timed alike.
+
+On one GPU (EP1: every row is local) a jax_ep op cannot beat the memory traffic
+of its rows, nor the harness's cost of one dependent kernel. These rows put
+numbers on both, in the same run and the same loop (timing.py), so each jax_ep
+row can be read against what it cannot go below:
+
+  * "one tiny kernel": ``+1`` on the [T, K] int32 routing, the per-call floor
+    of any op in this harness (its launch and the gap between two dependent
+    kernels, command buffers included);
+  * "copy of the rows": an elementwise pass over the op's rows (each byte read
+    once and written once), bf16;
+  * LL dispatch: XLA's gather of each (token, expert) pair's row out of x
+    [T, H] (the LL dispatch's data movement without its routing);
+  * LL combine: XLA's float32 sum of each token's K pair rows into one bf16 row
+    (reads every pair row once, writes every token row once);
+  * HT FP8 dispatch: jax_ep.fp8.quantize of x (reads bf16, writes e4m3 rows and
+    their scales).
+
+They are floors of the local path only: at EP > 1 they say nothing of links.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_ep
+from jax_ep.bench import measure
+from jax_ep.bench.results import Row, row_of
+
+SYSTEM = "XLA (HBM floor)"
+
+
+def _tiny(routing: jax.Array) -> tuple[jax.Array]:
+  return (routing + 1,)
+
+
+def _copy(rows: jax.Array) -> tuple[jax.Array]:
+  return (rows + jnp.asarray(1, rows.dtype),)
+
+
+def _gather(x: jax.Array, token_of_pair: jax.Array) -> tuple[jax.Array]:
+  return (jnp.take(x, token_of_pair, axis=0),)
+
+
+def _sum_pairs(pair_rows: jax.Array) -> tuple[jax.Array]:
+  """pair_rows bf16 [T, K, H] -> bf16 [T, H]: the K rows of each token summed in fp32."""
+  return (pair_rows.astype(jnp.float32).sum(axis=1).astype(pair_rows.dtype),)
+
+
+def _quantize(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  return tuple(jax_ep.fp8.quantize(x))
+
+
+def _mib(num_bytes: int) -> str:
+  return f"{num_bytes / 2**20:.1f} MiB"
+
+
+def ll_rows(runner: measure.Runner, x: np.ndarray, idx: np.ndarray) -> list[Row]:
+  """Floors of the LL ops on this rank's x bf16 [T, H] and idx int32 [T, K] (every
+  valid entry one pair; the bench's routing has no repeats)."""
+  num_tokens, hidden = x.shape
+  token_of_pair = np.nonzero(idx >= 0)[0].astype(np.int32)
+  num_pairs = int(token_of_pair.size)
+  row_bytes = 2 * hidden
+  pair_rows = np.zeros((num_tokens, idx.shape[1], hidden), x.dtype)
+  return [
+      row_of("one tiny kernel", SYSTEM, runner.time("floor: one tiny kernel", _tiny, [idx]),
+             note="+1 on the [T, K] routing: the harness's per-call floor"),
+      row_of("LL dispatch: row gather", SYSTEM,
+             runner.time("floor: LL dispatch row gather", _gather, [x, token_of_pair]),
+             note=f"{num_pairs} pair rows gathered from x: reads {_mib(num_tokens * row_bytes)}"
+                  f", writes {_mib(num_pairs * row_bytes)}"),
+      row_of("LL dispatch: copy of the rows", SYSTEM,
+             runner.time("floor: LL pair rows copy", _copy,
+                         [np.zeros((num_pairs, hidden), x.dtype)]),
+             note=f"elementwise over the {num_pairs} pair rows: "
+                  f"{_mib(2 * num_pairs * row_bytes)} read + written"),
+      row_of("LL combine: sum of pair rows", SYSTEM,
+             runner.time("floor: LL combine pair sum", _sum_pairs, [pair_rows]),
+             note=f"fp32 sum of K rows per token: reads {_mib(pair_rows.nbytes)}, "
+                  f"writes {_mib(num_tokens * row_bytes)}"),
+  ]
+
+
+def ht_rows(runner: measure.Runner, x: np.ndarray, idx: np.ndarray) -> list[Row]:
+  """Floors of the HT ops at EP1 on this rank's x bf16 [T, H]: each token lands once."""
+  return [
+      row_of("one tiny kernel", SYSTEM, runner.time("floor: one tiny kernel", _tiny, [idx]),
+             note="+1 on the [T, K] routing: the harness's per-call floor"),
+      row_of("HT BF16: copy of the rows", SYSTEM,
+             runner.time("floor: HT rows copy", _copy, [x]),
+             note=f"elementwise over x: {_mib(2 * x.nbytes)} read + written (EP1: the "
+                  "dispatch's and the combine's bytes)"),
+      row_of("HT FP8: quantize of the rows", SYSTEM,
+             runner.time("floor: HT FP8 quantize", _quantize, [x]),
+             note="jax_ep.fp8.quantize of x: reads bf16, writes e4m3 rows and scales"),
+  ]
