@@ -7,6 +7,8 @@
 #     ONE GPU shared by N processes (NVSHMEM's limited MPG mode): correctness
 #     only, never speed. PHASEs (default: all of them; qp only when the bundle
 #     .carry/nvshmem-qp.tar.xz was carried):
+#       n1        tests/gpu in one process alone on the GPU (EP1: the kernels'
+#                 local path), XLA command buffers on and off
 #       n2 n4 n8  tests/gpu at N = 2, 4, 8 processes, XLA command buffers on and
 #                 off, without the 1000- and 10,000-call tests
 #       long      those, at N = 2 with command buffers on
@@ -23,7 +25,8 @@
 #       ep1bench  jax_ep.bench --mode ht --layouts and --mode ll in one process
 #                 alone on the GPU (EP1: these times are speeds)
 #       nvshmem4py nvshmem4py starts NVSHMEM, jax_ep joins it (tests/gpu_nvshmem4py;
-#                 needs the nvshmem4py-cu13 wheel carried in .whl)
+#                 needs the nvshmem4py-cu13, cuda-core, cuda-bindings and
+#                 cuda-pathfinder wheels carried in .whl)
 #   tools/gpu_check.sh [all|tests|bench|ll|ht|faults|build] [quick]
 #     one process per GPU (2 or more GPUs): machine.txt, build.log,
 #     tests_cmdbuf_{on,off}.log, bench.log, ht_sweep.png and the bench's

@@ -160,7 +160,8 @@ PY
 one_gpu_nvshmem4py() {  # needs the nvshmem4py-cu13 wheel carried in .whl (see below)
   if ! ls .whl/nvshmem4py* > /dev/null 2>&1; then
     note "nvshmem4py: skipped (no .whl/nvshmem4py*: pip download --no-deps --only-binary=:all:"
-    note "    --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl nvshmem4py-cu13==0.4.1)"
+    note "    --python-version 3.12 -d .whl nvshmem4py-cu13==0.4.1 cuda-core~=0.5.0 cuda-bindings~=13.0.0"
+    note "    cuda-pathfinder)"
     return
   fi
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/jax_ep_site .whl/*.whl
@@ -171,12 +172,13 @@ one_gpu_nvshmem4py() {  # needs the nvshmem4py-cu13 wheel carried in .whl (see b
 run_one_gpu() {
   local phases=("$@") phase
   if [[ ${#phases[@]} -eq 0 ]]; then
-    phases=(n2 n4 n8 long rdma faults example ep1bench nvshmem4py)
+    phases=(n1 n2 n4 n8 long rdma faults example ep1bench nvshmem4py)
     [[ -f "$QP_BUNDLE" ]] && phases+=(qp)
   fi
   note "one GPU, several processes: correctness only"
   for phase in "${phases[@]}"; do
     case "$phase" in
+      n1) one_gpu_suite 1 ;;
       n2) one_gpu_suite 2 ;;
       n4) one_gpu_suite 4 ;;
       n8) one_gpu_suite 8 ;;

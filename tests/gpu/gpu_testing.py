@@ -75,8 +75,6 @@ def missing_gpus() -> str | None:
     return f"no JAX devices: {e}"
   if platform != "gpu":
     return f"no GPU (JAX platform {platform})"
-  if jax.process_count() < 2:
-    return f"needs at least 2 processes (EP ranks), found {jax.process_count()}"
   if jax.local_device_count() != 1 or jax.device_count() != jax.process_count():
     return (f"needs one GPU per process (the launcher's layout), found {jax.local_device_count()} "
             f"local and {jax.device_count()} global devices in {jax.process_count()} processes")

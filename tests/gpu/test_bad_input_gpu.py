@@ -26,8 +26,9 @@ def test_debug_checks_fail_every_rank_and_the_group_stays_in_step(op):
     return jax_ep.low_latency_dispatch(x, i, config=config).count
 
   bad = idx.copy()
-  bad[1, 3, 2] = e + 5  # on rank 1 only
-  with pytest.raises(Exception, match=rf"outside \[-1, {e}\).*rank 1: topk_idx\[3\]\[2\] = {e + 5}"):
+  bad[r - 1, 3, 2] = e + 5  # on the last rank only
+  with pytest.raises(Exception,
+                     match=rf"outside \[-1, {e}\).*rank {r - 1}: topk_idx\[3\]\[2\] = {e + 5}"):
     run(fn, mesh, x, bad, w)
   run(fn, mesh, x, idx, w)  # the same op with valid input still works on every rank
 

@@ -13,7 +13,7 @@ from gpu_testing import (assert_bitwise, global_routing, mine, num_ranks, rank, 
 
 def _start_nvshmem4py():
   import nvshmem.core as nvshmem  # pylint: disable=import-outside-toplevel
-  from cuda.core.experimental import Device  # pylint: disable=import-outside-toplevel
+  from cuda.core import Device  # pylint: disable=import-outside-toplevel
   from jax._src import distributed  # pylint: disable=import-outside-toplevel
 
   jax.devices()  # JAX's GPU client first: it owns the CUDA primary context
