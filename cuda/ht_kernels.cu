@@ -4,7 +4,8 @@
 // are (seq << 32 | value) words, never reset; buffers in ht_types.h)
 //
 // dispatch = one kernel, ht_dispatch (num_sms blocks, all resident at once;
-// the first ones send, the last third receive):
+// the first ones send, the last third receive; with one rank, or one block,
+// every block sends and then does its share of the receive role):
 //   1. Send plan (each sender block, in shared memory): every token's rank
 //      mask (one byte; a token counts once per rank) and this rank's rows per
 //      destination before each tile of W = send blocks x warps tokens (an
@@ -713,10 +714,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   ht_profile_start(ctx, kProfDispatchSend);
   ht_profile_start(ctx, kProfDispatchRecv);
   if (blockIdx.x == 0 && threadIdx.x == 0) ht_trace(ctx, seq, kTraceStart);
-  // With a single block, it sends first and then receives.
-  const bool single = gridDim.x == 1;
-  const bool sender = single || static_cast<int>(blockIdx.x) < num_send_blocks;
-  const bool receiver = single || static_cast<int>(blockIdx.x) >= num_send_blocks;
+  // With a single block, it sends first and then receives; so does every block
+  // when all of them send (one rank: no rows arrive from peers, and receiver
+  // blocks would only zero-fill the padding; each block does its share).
+  const bool both_roles = gridDim.x == 1 || num_send_blocks == static_cast<int>(gridDim.x);
+  const bool sender = both_roles || static_cast<int>(blockIdx.x) < num_send_blocks;
+  const bool receiver = both_roles || static_cast<int>(blockIdx.x) >= num_send_blocks;
   const int tile_tokens = num_send_blocks * kWarps;
   uint8_t* s_mask = s_send_plan;
   int* s_tile_base = reinterpret_cast<int*>(s_send_plan + dispatch_mask_bytes(args.num_tokens));
@@ -754,9 +757,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     ht_profile_role_end(ctx, kProfDispatchSend);
   }
-  const int num_recv_blocks = single ? 1 : gridDim.x - num_send_blocks;
+  const int num_recv_blocks = both_roles ? gridDim.x : gridDim.x - num_send_blocks;
   if (receiver) {
-    const int recv_block = single ? 0 : blockIdx.x - num_send_blocks;
+    const int recv_block = both_roles ? blockIdx.x : blockIdx.x - num_send_blocks;
     waited_ns = dispatch_recv_role<kHasScales>(ctx, args, recv_block, num_recv_blocks, s_tpe,
                                                s_prefix, kept);
   } else {
@@ -936,7 +939,31 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int v = lane; v < num_vec; v += kWarpSize) out_row[v] = nan;
       continue;
     }
-    if constexpr (kTwoSources) {
+    if (kTwoSources && R == 1) {
+      // One rank (EP1): each token's only row is in y. Two batches of it in
+      // flight per lane, the bytes two sources keep in flight (a single batch
+      // left the EP1 combine load-latency-bound at 24 SMs: 93.5 us for 58.7 MB,
+      // 2026-12-01). 0.0f + x, as below, so -0.0 gives the same bits.
+      const int4* src = combine_source(ctx, args, pass, recv_base,
+                                       __shfl_sync(0xffffffffu, my_row, 0), 0, t, valid);
+      for (int base = 0; base < num_vec; base += 2 * kBatch * kWarpSize) {
+        int4 raw[2 * kBatch];
+        if (src != nullptr) warp_load_batch(raw, src, base, num_vec, lane, false);
+#pragma unroll
+        for (int u = 0; u < 2 * kBatch; ++u) {
+          const int v = base + u * kWarpSize + lane;
+          if (v >= num_vec) continue;
+          int4 packed;
+#pragma unroll
+          for (int j = 0; j < E::kPerVector; ++j) {
+            float sum = 0.0f;
+            if (src != nullptr) sum += E::get(raw[u], j);
+            E::set(packed, j, sum);
+          }
+          out_row[v] = packed;
+        }
+      }
+    } else if constexpr (kTwoSources) {
       const int4* src0 = combine_source(ctx, args, pass, recv_base,
                                         __shfl_sync(0xffffffffu, my_row, 0), 0, t, valid);
       const int4* src1 =
@@ -1019,11 +1046,15 @@ void LaunchCombinePass(const HtContext& ctx, const HtCombineArgs& args, const Co
 cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
                              cudaStream_t stream) {
   // One SM budget for both roles: about a third of the blocks receive.
-  const int grid = std::max(1, ctx.num_sms);
   // ctx.recv_divisor (3; JAX_EP_HT_RECV_DIVISOR, an experiment) sets the
-  // share of receiver blocks: grid / divisor.
+  // share of receiver blocks: grid / divisor. With one rank every row is this
+  // rank's own, stored by its sender straight into the outputs: nothing is
+  // received, so every block sends (16 of 24 blocks copied at EP1 before).
+  const int grid = std::max(1, ctx.num_sms);
   const int num_send_blocks =
-      grid == 1 ? 1 : grid - std::max(1, grid / std::max(2, ctx.recv_divisor));
+      grid == 1 || ctx.dims.num_ranks == 1
+          ? grid
+          : grid - std::max(1, grid / std::max(2, ctx.recv_divisor));
   const size_t smem =
       dispatch_smem_bytes(args.num_tokens, num_send_blocks * kWarps, ctx.dims.num_ranks);
   if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.experts_per_rank > 1024 ||
