@@ -139,9 +139,7 @@ def to_pairs(token_rows: jax.Array, pair_src: jax.Array) -> jax.Array:
 def per_rank_partials(pair_rows: jax.Array, rows_by_expert: jax.Array) -> jax.Array:
   """[M, W] pair rows -> float32[C, W]: per token-major row, the sum of its pair
   rows in ascending local expert, in fp32 (0 for rows with no pair)."""
-  rows_f32 = pair_rows.astype(F32)
-  return local_ops.gather_reduce(rows_f32, rows_by_expert,
-                                 jnp.ones(rows_by_expert.shape, F32))
+  return local_ops.gather_sum(pair_rows.astype(F32), rows_by_expert)
 
 
 def slot_values(pair_values: jax.Array, slot_row: jax.Array) -> jax.Array:

@@ -327,6 +327,44 @@ def gather_rows(src: jax.Array, index: jax.Array) -> jax.Array:
   return _per_platform(ffi_fn, jnp_fn, src, index)
 
 
+def gather_sum(src: jax.Array, index: jax.Array) -> jax.Array:
+  """out[n] = sum_m src[index[n, m]], fp32 in order of m (from 0.0), cast to src.dtype.
+
+  gather_reduce with unit weights, bit for bit, but with no product to keep
+  apart from its sum: the jnp twin needs no optimization barrier, so XLA fuses
+  its gathers and adds into one pass over the rows (the barrier materialises
+  one float32 [N, ...] term per m).
+
+  Args:
+    src: float32/bfloat16/float16 [P, ...]; index: int32[N, M].
+  Returns:
+    [N, ...] of src.dtype; rows whose indices are all outside [0, P) are zero.
+  """
+  out_shape = index.shape[:1] + src.shape[1:]
+
+  def ffi_fn(rows, idx):
+    ones = jnp.ones(idx.shape, F32)  # 1.0f * x is x: the same bits as a plain sum
+    return _ffi("jax_ep_cpu_gather_reduce", result_type(out_shape, src.dtype, rows), rows, idx,
+                ones)
+
+  def jnp_fn(rows, idx):
+    if rows.shape[0] == 0:  # every index is out of range (jnp.take refuses an empty axis)
+      return jnp.zeros(out_shape, src.dtype)
+    safe = _drop_negative(idx, rows.shape[0])
+    trailing = (1,) * (rows.ndim - 1)
+    acc = jnp.zeros(out_shape, F32)
+    for m in range(idx.shape[1]):
+      picked = jnp.take(rows, safe[:, m], axis=0, mode="fill", fill_value=0).astype(F32)
+      valid = (safe[:, m] < rows.shape[0]).reshape((-1,) + trailing)
+      if m == 0:
+        # XLA folds 0.0 + x into x, which keeps a -0.0 that the sum from 0.0 makes +0.0.
+        picked = jnp.where(picked == 0, 0.0, picked)
+      acc = jnp.where(valid, acc + picked, acc)
+    return acc.astype(src.dtype)
+
+  return _per_platform(ffi_fn, jnp_fn, src, index)
+
+
 def gather_reduce(src: jax.Array, index: jax.Array, weights: jax.Array) -> jax.Array:
   """out[n] = sum_m weights[n, m] * src[index[n, m]], fp32 in order of m, cast to src.dtype.
 

@@ -103,6 +103,27 @@ def test_gather_reduce(dtype):
                              np.asarray(jnp.asarray(expected, dtype), np.float32), rtol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_gather_sum(dtype):
+  """Bit for bit: the FFI, the jnp twin, gather_reduce with unit weights, and a
+  numpy fp32 sum in index order from 0.0 (signed zeros and dropped indices too)."""
+  rng = np.random.default_rng(3)
+  values = rng.standard_normal((10, 33)) * 100
+  values[2, :5] = -0.0
+  src = np.asarray(jnp.asarray(values, dtype))
+  index = rng.integers(-2, 12, size=(7, 4)).astype(np.int32)
+  index[0] = [2, -1, 2, 11]  # -0.0 + -0.0 from 0.0: +0.0
+  ffi, twin = _both(local_ops.gather_sum, src, index)
+  _assert_same(ffi, twin)
+  _assert_same(ffi, _both(local_ops.gather_reduce, src, index, np.ones((7, 4), np.float32))[0])
+  expected = np.zeros((7, 33), np.float32)
+  for n in range(7):
+    for m in range(4):
+      if 0 <= index[n, m] < 10:
+        expected[n] = expected[n] + np.asarray(src[index[n, m]], np.float32)
+  _assert_same(ffi, np.asarray(jnp.asarray(expected, dtype)))
+
+
 def test_check_invalid_raises_on_every_path():
   counts = np.array([0, 2], np.int32)
   first = np.array([[-1, -1, 0], [3, 1, 77]], np.int32)
