@@ -939,31 +939,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int v = lane; v < num_vec; v += kWarpSize) out_row[v] = nan;
       continue;
     }
-    if (kTwoSources && R == 1) {
-      // One rank (EP1): each token's only row is in y. Two batches of it in
-      // flight per lane, the bytes two sources keep in flight (a single batch
-      // left the EP1 combine load-latency-bound at 24 SMs: 93.5 us for 58.7 MB,
-      // 2026-12-01). 0.0f + x, as below, so -0.0 gives the same bits.
-      const int4* src = combine_source(ctx, args, pass, recv_base,
-                                       __shfl_sync(0xffffffffu, my_row, 0), 0, t, valid);
-      for (int base = 0; base < num_vec; base += 2 * kBatch * kWarpSize) {
-        int4 raw[2 * kBatch];
-        if (src != nullptr) warp_load_batch(raw, src, base, num_vec, lane, false);
-#pragma unroll
-        for (int u = 0; u < 2 * kBatch; ++u) {
-          const int v = base + u * kWarpSize + lane;
-          if (v >= num_vec) continue;
-          int4 packed;
-#pragma unroll
-          for (int j = 0; j < E::kPerVector; ++j) {
-            float sum = 0.0f;
-            if (src != nullptr) sum += E::get(raw[u], j);
-            E::set(packed, j, sum);
-          }
-          out_row[v] = packed;
-        }
-      }
-    } else if constexpr (kTwoSources) {
+    if constexpr (kTwoSources) {
       const int4* src0 = combine_source(ctx, args, pass, recv_base,
                                         __shfl_sync(0xffffffffu, my_row, 0), 0, t, valid);
       const int4* src1 =
