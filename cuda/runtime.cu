@@ -184,6 +184,9 @@ std::string Runtime::Init(int pe, int npes, const std::string& uid, int device) 
            std::to_string(nvshmem_n_pes()) + " does not match the process's PE " +
            std::to_string(pe) + " of " + std::to_string(npes);
   }
+  // Joined: the caller passed -1 for both; they are the running job's.
+  pe = nvshmem_my_pe();
+  npes = nvshmem_n_pes();
   device_ = device;
   err = cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return CudaError("cudaDeviceGetAttribute", err);
