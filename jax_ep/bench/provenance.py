@@ -16,8 +16,10 @@ import sys
 from typing import Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# Where the tree travels without .git (a copy on the GPU machine), the caller
-# may name the commit; "dirty" is then unknown.
+# The commit the caller names: where the tree travels without .git, or with a
+# .git that is not the tree's (the GPU machine's copy kept a stale one: runs of
+# 2026-12-01 named 6675740 while the tree was eee35d1 and then 78a3d62). The
+# name wins over git; "dirty" is then unknown.
 COMMIT_ENV = "JAX_EP_BENCH_COMMIT"
 # Environment variables that change what the bench measures.
 RECORDED_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_EP_PROFILE", "JAX_EP_HT_RECV_DIVISOR",
@@ -38,11 +40,13 @@ def commit() -> dict:
 
   dirty: tracked files differ from the commit (untracked files do not count).
   """
+  named = os.environ.get(COMMIT_ENV)
   full = _git("rev-parse", "HEAD")
+  if named:
+    seen = f" (git HEAD there: {full[:7]})" if full and not full.startswith(named) else ""
+    return dict(commit=named, short=named[:7], dirty=None, source=f"${COMMIT_ENV}{seen}")
   if full is None:
-    named = os.environ.get(COMMIT_ENV)
-    return dict(commit=named, short=named[:7] if named else "unknown", dirty=None,
-                source=f"${COMMIT_ENV}" if named else "no git checkout")
+    return dict(commit=None, short="unknown", dirty=None, source="no git checkout")
   status = _git("status", "--porcelain", "--untracked-files=no")
   return dict(commit=full, short=full[:7], dirty=bool(status) if status is not None else None,
               source="git")

@@ -154,6 +154,14 @@ def test_commit_without_git_uses_the_named_commit(monkeypatch):
   assert provenance.commit()["short"] == "unknown"
 
 
+def test_the_named_commit_wins_over_a_git_checkout(monkeypatch):
+  """A copy whose .git is not the tree's names the commit by the variable."""
+  monkeypatch.setenv(provenance.COMMIT_ENV, "0123456789abcdef")
+  record = provenance.commit()
+  assert record["commit"] == "0123456789abcdef" and record["dirty"] is None
+  assert record["source"].startswith(f"${provenance.COMMIT_ENV}")
+
+
 @pytest.mark.parametrize("us,bare_us,expected", [(300.0, 200.0, 1.5), (300.0, None, None),
                                                  (300.0, -5.0, None), (None, 200.0, None)])
 def test_ratio_to_the_bare_exchange(us, bare_us, expected):
