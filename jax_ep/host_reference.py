@@ -615,7 +615,7 @@ def ll_combine_presummed(y: np.ndarray, topk_idx: np.ndarray, topk_weights: np.n
 
 
 # ====================================================================== gradients
-# The VJPs of the four ops, as jax_ep defines them (jax_ep/ops.py), derived
+# The VJPs of the four ops, as jax_ep defines them (jax_ep/ht_ops.py, ll_ops.py), derived
 # from the forward formulas above. ct_* are cotangents of the outputs, in the
 # outputs' dtypes.
 def ht_combine_vjp(ct_out: np.ndarray, layout: HtDispatch) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""The backend interface: what jax_ep/ops.py calls, inside shard_map over the EP axes.
+"""The backend interface: what the ops (ht_ops.py, ll_ops.py, ll_split_ops.py) call,
+inside shard_map over the EP axes.
 
 A backend is a function of its arguments: it keeps no process state (the
 runtime owns it and passes what a call needs: the config, the live ranks, the
