@@ -347,22 +347,32 @@ def gather_sum(src: jax.Array, index: jax.Array) -> jax.Array:
     return _ffi("jax_ep_cpu_gather_reduce", result_type(out_shape, src.dtype, rows), rows, idx,
                 ones)
 
+  def term(m, picked, trailing):
+    del trailing
+    # XLA folds 0.0 + x into x, which keeps a -0.0 that the sum from 0.0 makes +0.0.
+    return jnp.where(picked == 0, 0.0, picked) if m == 0 else picked
+
   def jnp_fn(rows, idx):
-    if rows.shape[0] == 0:  # every index is out of range (jnp.take refuses an empty axis)
-      return jnp.zeros(out_shape, src.dtype)
-    safe = _drop_negative(idx, rows.shape[0])
-    trailing = (1,) * (rows.ndim - 1)
-    acc = jnp.zeros(out_shape, F32)
-    for m in range(idx.shape[1]):
-      picked = jnp.take(rows, safe[:, m], axis=0, mode="fill", fill_value=0).astype(F32)
-      valid = (safe[:, m] < rows.shape[0]).reshape((-1,) + trailing)
-      if m == 0:
-        # XLA folds 0.0 + x into x, which keeps a -0.0 that the sum from 0.0 makes +0.0.
-        picked = jnp.where(picked == 0, 0.0, picked)
-      acc = jnp.where(valid, acc + picked, acc)
-    return acc.astype(src.dtype)
+    return _gathered_sum(rows, idx, out_shape, term)
 
   return _per_platform(ffi_fn, jnp_fn, src, index)
+
+
+def _gathered_sum(rows: jax.Array, idx: jax.Array, out_shape: tuple[int, ...],
+                  term: Callable) -> jax.Array:
+  """The jnp twins' loop: acc = 0.0, then acc += term(m, rows[idx[:, m]] in float32,
+  trailing) for each m in order, where idx[:, m] is in range; cast to rows.dtype.
+  ``trailing``: the ones that broadcast a per-row value over a row."""
+  if rows.shape[0] == 0:  # every index is out of range (jnp.take refuses an empty axis)
+    return jnp.zeros(out_shape, rows.dtype)
+  safe = _drop_negative(idx, rows.shape[0])
+  trailing = (1,) * (rows.ndim - 1)
+  acc = jnp.zeros(out_shape, F32)
+  for m in range(idx.shape[1]):
+    picked = jnp.take(rows, safe[:, m], axis=0, mode="fill", fill_value=0).astype(F32)
+    valid = (safe[:, m] < rows.shape[0]).reshape((-1,) + trailing)
+    acc = jnp.where(valid, acc + term(m, picked, trailing), acc)
+  return acc.astype(rows.dtype)
 
 
 def gather_reduce(src: jax.Array, index: jax.Array, weights: jax.Array) -> jax.Array:
@@ -382,17 +392,10 @@ def gather_reduce(src: jax.Array, index: jax.Array, weights: jax.Array) -> jax.A
     return _ffi("jax_ep_cpu_gather_reduce", result_type(out_shape, src.dtype, rows), rows, idx, w)
 
   def jnp_fn(rows, idx, w):
-    if rows.shape[0] == 0:  # every index is out of range (jnp.take refuses an empty axis)
-      return jnp.zeros(out_shape, src.dtype)
-    safe = _drop_negative(idx, rows.shape[0])
-    trailing = (1,) * (rows.ndim - 1)
-    acc = jnp.zeros(out_shape, F32)
-    for m in range(idx.shape[1]):
-      picked = jnp.take(rows, safe[:, m], axis=0, mode="fill", fill_value=0).astype(F32)
-      valid = (safe[:, m] < rows.shape[0]).reshape((-1,) + trailing)
+    def term(m, picked, trailing):
       # The barrier keeps XLA from contracting the product and the sum into an FMA.
-      term = jax.lax.optimization_barrier(w[:, m].reshape((-1,) + trailing) * picked)
-      acc = jnp.where(valid, acc + term, acc)
-    return acc.astype(src.dtype)
+      return jax.lax.optimization_barrier(w[:, m].reshape((-1,) + trailing) * picked)
+
+    return _gathered_sum(rows, idx, out_shape, term)
 
   return _per_platform(ffi_fn, jnp_fn, src, index, weights)
