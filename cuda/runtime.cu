@@ -184,7 +184,7 @@ std::string Runtime::Init(int pe, int npes, const std::string& uid, int device) 
            std::to_string(nvshmem_n_pes()) + " does not match the process's PE " +
            std::to_string(pe) + " of " + std::to_string(npes);
   }
-  // Joined: the caller passed -1 for both; they are the running job's.
+  // From here on pe and npes are the running job's (a joining caller passes -1 for both).
   pe = nvshmem_my_pe();
   npes = nvshmem_n_pes();
   device_ = device;
