@@ -26,9 +26,7 @@ custom calls in the compiled step, and OK, or MISMATCH with exit status 1.
 
 from __future__ import annotations
 
-import collections
 import functools
-import re
 import sys
 
 import _devices
@@ -45,8 +43,9 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_ep  # noqa: E402
-from jax_ep import _extension  # noqa: E402
 from jax_ep import launch  # noqa: E402
+# HT_KERNELS: tests/cpu/test_example.py reads it from here.
+from _kernels import HT_KERNELS, jax_ep_custom_calls, missing_kernels  # noqa: E402,F401
 
 flags.DEFINE_integer("tokens_per_rank", 64, "tokens on each rank")
 flags.DEFINE_integer("hidden", 128, "model width H")
@@ -66,7 +65,6 @@ flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
 # relative; measured on CPU (8 ranks, bf16, seeds 0-4): 0.55 to 0.78 unit roundoff.
 GRAD_ROUNDINGS = 6
 F32_UNIT_ROUNDOFF = 2.0**-24
-HT_KERNELS = ("jax_ep_ht_dispatch", "jax_ep_ht_combine")   # jax_ep.backends.cuda targets
 
 
 def unit_roundoff(dtype) -> float:
@@ -156,12 +154,6 @@ def error_bound(parts, ref, dtype, hidden: int, ffn: int, num_topk: int, num_ran
 
 def loss_fn(out, target):
   return jnp.mean((out.astype(jnp.float32) - target) ** 2)
-
-
-def jax_ep_custom_calls(program_text: str) -> collections.Counter:
-  """Targets of jax_ep custom calls in HLO text (compiled) or StableHLO (lowered)."""
-  return collections.Counter(re.findall(
-      r'(?:custom_call_target="|stablehlo\.custom_call @)(jax_ep_\w+)', program_text))
 
 
 SPECS = {"router": P(), "w1": P("ep"), "w2": P("ep")}   # experts split over the ranks
@@ -297,14 +289,11 @@ def main(argv):
   ok = out_ratio <= 1 and loss_err <= loss_bound and max(grad_err.values()) <= grad_tol
   ok = ok and float(new_value) < float(value)
   # On GPUs the point is the kernels: bf16 rows must run on them.
-  kernels_missing = []
-  if platform == "gpu" and dtype == jnp.bfloat16:
-    kernels_missing = [k for k in HT_KERNELS if k not in calls]
+  failure = missing_kernels(calls, gpu_bf16=platform == "gpu" and dtype == jnp.bfloat16,
+                            backend=backend)
   jax_ep.finalize()
-  if kernels_missing:
-    reason = ("the portable path ran instead" if backend == "cuda" else
-              f"jax_ep's backend is {backend!r}: {_extension.cuda_module_status()}")
-    print(f"FAILED: on GPUs, but the compiled step lacks {kernels_missing} ({reason})")
+  if failure:
+    print(failure)
     sys.exit(1)
   if not ok:
     print("MISMATCH against the dense layer")

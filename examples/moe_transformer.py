@@ -39,9 +39,7 @@ jax_ep's HT kernels.
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
-import re
 import sys
 import time
 
@@ -55,9 +53,9 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_ep  # noqa: E402
-from jax_ep import _extension  # noqa: E402
 from jax_ep import expert_major  # noqa: E402
 from jax_ep import launch  # noqa: E402
+from _kernels import jax_ep_custom_calls, missing_kernels  # noqa: E402
 import markov_task  # noqa: E402
 import moe_transformer_check as check  # noqa: E402
 import moe_transformer_model as model  # noqa: E402
@@ -65,7 +63,6 @@ import moe_transformer_plot  # noqa: E402
 from moe_transformer_step import (BATCH_AXES, make_optimizer, make_train_step, place,  # noqa: E402
                                   to_host)
 
-HT_KERNELS = ("jax_ep_ht_dispatch", "jax_ep_ht_combine")   # jax_ep.backends.cuda targets
 
 # Sizes by preset; every one can be overridden by its flag.
 PRESETS = {
@@ -143,12 +140,6 @@ def parse_args(argv: list[str], platform: str) -> Args:
       ns[name] = value
   ns["preset"] = preset
   return Args(**ns)
-
-
-def jax_ep_custom_calls(program_text: str) -> collections.Counter:
-  """Targets of jax_ep custom calls in HLO text (compiled) or StableHLO (lowered)."""
-  return collections.Counter(re.findall(
-      r'(?:custom_call_target="|stablehlo\.custom_call @)(jax_ep_\w+)', program_text))
 
 
 def pair_capacity(args: Args, tokens_per_rank: int, ep_ranks: int) -> int | None:
@@ -291,14 +282,11 @@ def main(argv: list[str]) -> None:
               f"E={config.experts}, K={args.topk}, {args.dtype}, jax_ep {backend} backend")
     say(f"wrote {args.plot}")
 
-  kernels_missing = []
-  if platform == "gpu" and args.dtype == "bfloat16":
-    kernels_missing = [k for k in HT_KERNELS if k not in calls]
+  failure = missing_kernels(calls, gpu_bf16=platform == "gpu" and args.dtype == "bfloat16",
+                            backend=backend)
   jax_ep.finalize()
-  if kernels_missing:
-    reason = ("the portable path ran instead" if backend == "cuda" else
-              f"jax_ep's backend is {backend!r}: {_extension.cuda_module_status()}")
-    print(f"FAILED: on GPUs, but the compiled step lacks {kernels_missing} ({reason})")
+  if failure:
+    print(failure)
     sys.exit(1)
   if not dense.ok:
     print("MISMATCH against dense routing")

@@ -1,0 +1,29 @@
+"""What a compiled example step runs: jax_ep's custom calls, and the check that a
+bfloat16 step on GPUs runs the HT kernels rather than the portable path."""
+
+from __future__ import annotations
+
+import collections
+import re
+
+HT_KERNELS = ("jax_ep_ht_dispatch", "jax_ep_ht_combine")   # jax_ep.backends.cuda targets
+
+
+def jax_ep_custom_calls(program_text: str) -> collections.Counter:
+  """Targets of jax_ep custom calls in HLO text (compiled) or StableHLO (lowered)."""
+  return collections.Counter(re.findall(
+      r'(?:custom_call_target="|stablehlo\.custom_call @)(jax_ep_\w+)', program_text))
+
+
+def missing_kernels(calls: collections.Counter, *, gpu_bf16: bool, backend: str) -> str | None:
+  """The failure line when a bfloat16 step on GPUs (``gpu_bf16``) lacks an HT
+  kernel among ``calls``, else None. ``backend``: jax_ep's backend name."""
+  if not gpu_bf16:
+    return None
+  missing = [k for k in HT_KERNELS if k not in calls]
+  if not missing:
+    return None
+  from jax_ep import _extension  # pylint: disable=import-outside-toplevel
+  reason = ("the portable path ran instead" if backend == "cuda" else
+            f"jax_ep's backend is {backend!r}: {_extension.cuda_module_status()}")
+  return f"FAILED: on GPUs, but the compiled step lacks {missing} ({reason})"
