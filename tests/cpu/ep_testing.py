@@ -36,6 +36,20 @@ def run_per_shard(fn: Callable, mesh: jax.sharding.Mesh, *args, axis: str = "ep"
   return jax.tree.map(np.asarray, mapped(*placed))
 
 
+def global_fn(per_shard: Callable, mesh: jax.sharding.Mesh, axis: str = "ep") -> Callable:
+  """jit(shard_map) of a per-shard function over arrays split on dim 0."""
+  return jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
+
+
+def check_grads_of_layer(f: Callable, mesh: jax.sharding.Mesh, x: jax.Array, idx: jax.Array,
+                         w: jax.Array, **tolerances) -> None:
+  """jax.test_util.check_grads (reverse mode, first order) of the global
+  f(x, idx, w) in x and w, with x and w resharded over "ep" at each call."""
+  with jax.set_mesh(mesh):
+    sharded = lambda x, w: f(jax.reshard(x, P("ep")), idx, jax.reshard(w, P("ep")))  # noqa: E731
+    jax.test_util.check_grads(sharded, (x, w), order=1, modes=("rev",), **tolerances)
+
+
 def place(mesh: jax.sharding.Mesh, *arrays, axis: str = "ep") -> list[jax.Array]:
   """Each array split along dim 0 over ``axis`` (global inputs of a shard_map)."""
   return [jax.device_put(a, NamedSharding(mesh, P(axis))) for a in arrays]
@@ -59,6 +73,25 @@ def random_routing(rng: np.random.Generator, num_tokens: int, num_topk: int, num
     rng.shuffle(idx[t])
   idx[rng.random(idx.shape) < none_fraction] = -1
   return idx
+
+
+def ranks_routing(rng: np.random.Generator, num_ranks: int, t_local: int, num_topk: int,
+                  num_experts: int, **kwargs) -> np.ndarray:
+  """int32[num_ranks * t_local, K]: random_routing per rank, stacked along dim 0."""
+  return np.concatenate([random_routing(rng, t_local, num_topk, num_experts, **kwargs)
+                         for _ in range(num_ranks)])
+
+
+def exact_grad_problem(rng: np.random.Generator, num_rows: int, hidden: int, num_topk: int,
+                       routing: Callable[[], np.ndarray]):
+  """(x, idx, w, cot) whose sums are exact in float32 in both passes: x small
+  integers / 4 [num_rows, hidden], idx = routing(), weights k / 8 [num_rows, K],
+  integer cotangents [num_rows, hidden] (drawn in that order)."""
+  x = rng.integers(-8, 9, (num_rows, hidden)).astype(np.float32) / 4
+  idx = routing()
+  w = rng.integers(1, 9, (num_rows, num_topk)).astype(np.float32) / 8
+  cot = rng.integers(-4, 5, (num_rows, hidden)).astype(np.float32)
+  return x, idx, w, cot
 
 
 def random_rows(rng: np.random.Generator, shape, dtype) -> np.ndarray:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import jax_ep
-from ep_testing import bits, local_steps, random_routing, random_rows, run_per_shard, setup
+from ep_testing import bits, local_steps, random_rows, ranks_routing, run_per_shard, setup
 
 NUM_RANKS, E, K, T, H = 4, 16, 3, 6, 128
 EMPTY_RANKS = (0, 2)  # "uneven": these ranks route every token to -1
@@ -28,7 +28,7 @@ EMPTY_RANKS = (0, 2)  # "uneven": these ranks route every token to -1
 def _inputs(seed: int, dtype=jnp.bfloat16):
   rng = np.random.default_rng(seed)
   x = random_rows(rng, (NUM_RANKS * T, H), dtype)
-  idx = np.concatenate([random_routing(rng, T, K, E) for _ in range(NUM_RANKS)])
+  idx = ranks_routing(rng, NUM_RANKS, T, K, E)
   w = rng.random((NUM_RANKS * T, K), np.float32)
   return x, idx, w
 

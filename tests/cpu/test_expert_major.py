@@ -8,8 +8,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
-from ep_testing import (bits, local_steps, place, random_routing, random_rows, run_per_shard,
-                        setup)
+from ep_testing import (bits, check_grads_of_layer, exact_grad_problem, global_fn, local_steps,
+                        place, random_rows, ranks_routing, run_per_shard, setup)
 
 # (R, E, K, T, T_local, H, A)
 SHAPES = [
@@ -23,7 +23,7 @@ SHAPES = [
 
 
 def _routing(rng, num_ranks, t_local, k, e, repeats: bool = True, **kwargs):
-  idx = np.concatenate([random_routing(rng, t_local, k, e, **kwargs) for _ in range(num_ranks)])
+  idx = ranks_routing(rng, num_ranks, t_local, k, e, **kwargs)
   if repeats and k > 1:  # a few tokens choose one expert twice (one pair, weights summed)
     twice = rng.random(idx.shape[0]) < 0.15
     idx[twice, 1] = idx[twice, 0]
@@ -309,11 +309,8 @@ def test_gradients_match_the_oracle_bitwise_on_exact_sums(num_ranks, alignment):
   rng = np.random.default_rng(num_ranks)
   e, k, t, h = 4 * num_ranks, 3, 6, 16
   config, mesh = setup(num_ranks, num_experts=e, hidden=h, max_tokens_per_rank=t, num_topk=k)
-  x = rng.integers(-8, 9, (num_ranks * t, h)).astype(np.float32) / 4
-  idx = _routing(rng, num_ranks, t, k, e)
-  w = rng.integers(1, 9, (num_ranks * t, k)).astype(np.float32) / 8
-  cot = rng.integers(-4, 5, (num_ranks * t, h)).astype(np.float32)
-  x, idx, w, cot = place(mesh, x, idx, w, cot)
+  x, idx, w, cot = place(mesh, *exact_grad_problem(
+      rng, num_ranks * t, h, k, lambda: _routing(rng, num_ranks, t, k, e)))
   ours = _grads("ours", config, mesh, x, idx, w, cot, alignment, nonlinear=False)
   ref = _grads("ref", config, mesh, x, idx, w, cot, alignment, nonlinear=False)
   for a, b in zip(ours, ref):
@@ -330,12 +327,8 @@ def test_gradients_check_numerically():
   idx = _routing(rng, 2, 3, 2, 4)
   w = rng.random((6, 2), np.float32)
   x, idx, w = place(mesh, x, idx, w)
-  per_shard = lambda x, i, w: _layer(x, i, w, config, 2, "ours", True)  # noqa: E731
-  f = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
-  with jax.set_mesh(mesh):
-    sharded = lambda x, w: f(jax.reshard(x, P("ep")), idx, jax.reshard(w, P("ep")))  # noqa: E731
-    jax.test_util.check_grads(sharded, (x, w), order=1, modes=("rev",), atol=2e-2, rtol=2e-2,
-                              eps=1e-2)
+  f = global_fn(lambda x, i, w: _layer(x, i, w, config, 2, "ours", True), mesh)
+  check_grads_of_layer(f, mesh, x, idx, w, atol=2e-2, rtol=2e-2, eps=1e-2)
 
 
 def test_gradients_of_weights_alone_and_rows_alone():

@@ -7,19 +7,10 @@ import jax.test_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
 import jax_ep
-from ep_testing import place, random_routing, random_rows, setup
-
-
-def _routing(rng, num_ranks, t_local, k, e):
-  return np.concatenate([random_routing(rng, t_local, k, e) for _ in range(num_ranks)])
-
-
-def _global_fn(per_shard, mesh):
-  """jit(shard_map) of a per-shard function over arrays split on dim 0."""
-  return jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
+from ep_testing import check_grads_of_layer, global_fn, place, random_rows, setup
+from ep_testing import ranks_routing as _routing
 
 
 def _ht_layer(x, idx, w, config, impl):
@@ -62,7 +53,7 @@ def test_grad_matches_oracle(layer, num_ranks, dtype):
   x, idx, w, cot = place(mesh, x, idx, w, cot)
 
   def loss(impl, x, w):
-    f = _global_fn(lambda x, i, w: layer(x, i, w, config, impl), mesh)
+    f = global_fn(lambda x, i, w: layer(x, i, w, config, impl), mesh)
     return jnp.sum(f(x, idx, w).astype(jnp.float32) * cot)
 
   with jax.set_mesh(mesh):
@@ -93,7 +84,7 @@ def test_grad_of_weights_only_and_of_rows_only():
       ref = jax_ep.reference.dispatch(x, i, w, config=config)
       return jnp.sum(ref["topk_weights"] ** 2)[None], jnp.sum(ref["x"] ** 2)[None]
 
-    f = _global_fn(per_shard, mesh)
+    f = global_fn(per_shard, mesh)
     g_w = jax.grad(lambda w: jnp.sum(f(x, idx, w)[0]))(w)
     g_x = jax.grad(lambda x: jnp.sum(f(x, idx, w)[1]))(x)
     return g_w, g_x
@@ -112,10 +103,8 @@ def test_check_grads_numerically(layer):
   idx = _routing(rng, 2, 3, 2, 4)
   w = rng.random((6, 2), np.float32)
   x, idx, w = place(mesh, x, idx, w)
-  f = _global_fn(lambda x, i, w: layer(x, i, w, config, "ours"), mesh)
-  with jax.set_mesh(mesh):
-    sharded = lambda x, w: f(jax.reshard(x, P("ep")), idx, jax.reshard(w, P("ep")))
-    jax.test_util.check_grads(sharded, (x, w), order=1, modes=("rev",), atol=2e-2, rtol=2e-2)
+  f = global_fn(lambda x, i, w: layer(x, i, w, config, "ours"), mesh)
+  check_grads_of_layer(f, mesh, x, idx, w, atol=2e-2, rtol=2e-2)
 
 
 def test_fp8_dispatch_rows_are_not_differentiable_but_weights_are():
@@ -133,8 +122,8 @@ def test_fp8_dispatch_rows_are_not_differentiable_but_weights_are():
       value = value + jnp.sum(d.x.astype(jnp.float32))
     return value[None]
 
-  weights_only = _global_fn(functools.partial(per_shard, use_rows=False), mesh)
-  with_rows = _global_fn(functools.partial(per_shard, use_rows=True), mesh)
+  weights_only = global_fn(functools.partial(per_shard, use_rows=False), mesh)
+  with_rows = global_fn(functools.partial(per_shard, use_rows=True), mesh)
   with jax.set_mesh(mesh):
     assert np.any(np.asarray(jax.grad(lambda w: jnp.sum(weights_only(x, idx, w)))(w)))
     with pytest.raises(jax_ep.EpError, match="FP8"):
@@ -145,6 +134,6 @@ def test_forward_mode_gives_a_clear_error():
   config, mesh = setup(2, num_experts=4, hidden=8, max_tokens_per_rank=2, num_topk=1)
   x, idx, w = place(mesh, np.ones((4, 8), np.float32), np.zeros((4, 1), np.int32),
                      np.ones((4, 1), np.float32))
-  f = _global_fn(lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).x, mesh)
+  f = global_fn(lambda x, i, w: jax_ep.dispatch(x, i, w, config=config).x, mesh)
   with jax.set_mesh(mesh), pytest.raises(TypeError, match="custom_vjp"):
     jax.jvp(lambda x: f(x, idx, w), (x,), (x,))

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import jax_ep
-from ep_testing import bits, random_routing, random_rows, run_per_shard, setup
+from ep_testing import ranks_routing as _routing
+from ep_testing import bits, random_rows, run_per_shard, setup
 
 # (R, E, K, T, T_local, H)
 SHAPES = [
@@ -19,8 +20,6 @@ SHAPES = [
 ]
 
 
-def _routing(rng, num_ranks, t_local, k, e, **kwargs):
-  return np.concatenate([random_routing(rng, t_local, k, e, **kwargs) for _ in range(num_ranks)])
 
 
 def _dispatch_and_reference(config, mesh, x, idx, w, capacity=None):

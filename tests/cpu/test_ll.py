@@ -7,7 +7,8 @@ import pytest
 
 import jax_ep
 from jax_ep import host_reference
-from ep_testing import bits, random_routing, random_rows, run_per_shard, setup, valid_rows_mask
+from ep_testing import ranks_routing as _routing
+from ep_testing import bits, random_rows, run_per_shard, setup, valid_rows_mask
 
 # (R, E, K, T, T_local, H)
 SHAPES = [
@@ -19,8 +20,6 @@ SHAPES = [
 ]
 
 
-def _routing(rng, num_ranks, t_local, k, e, **kwargs):
-  return np.concatenate([random_routing(rng, t_local, k, e, **kwargs) for _ in range(num_ranks)])
 
 
 @pytest.mark.parametrize("shape", SHAPES)

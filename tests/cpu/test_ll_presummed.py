@@ -10,8 +10,8 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ep
 from jax_ep import host_reference as hr
-from ep_testing import (bits, place, random_routing, random_rows, run_per_shard, setup,
-                        valid_rows_mask)
+from ep_testing import (bits, check_grads_of_layer, exact_grad_problem, global_fn, place,
+                        random_rows, ranks_routing, run_per_shard, setup, valid_rows_mask)
 
 # (R, E, K, T, T_local, H)
 SHAPES = [
@@ -30,7 +30,7 @@ def _no_masks_left_behind():
 
 
 def _routing(rng, num_ranks, t_local, k, e, **kwargs):
-  idx = np.concatenate([random_routing(rng, t_local, k, e, **kwargs) for _ in range(num_ranks)])
+  idx = ranks_routing(rng, num_ranks, t_local, k, e, **kwargs)
   if k > 2:  # a token naming one expert twice: one row, its weights summed
     idx[0, 1] = idx[0, 0] = max(idx[0, 0], 0)
   return idx
@@ -175,15 +175,11 @@ def test_gradients_match_the_oracle_bitwise_on_exact_sums(num_ranks):
   rng = np.random.default_rng(num_ranks)
   e, k, t, h = 4 * num_ranks, 4, 4, 16
   config, mesh = setup(num_ranks, num_experts=e, hidden=h, max_tokens_per_rank=t, num_topk=k)
-  x = rng.integers(-8, 9, (num_ranks * t, h)).astype(np.float32) / 4
-  idx = _routing(rng, num_ranks, t, k, e)
-  w = rng.integers(1, 9, (num_ranks * t, k)).astype(np.float32) / 8
-  cot = rng.integers(-4, 5, (num_ranks * t, h)).astype(np.float32)
-  x, idx, w, cot = place(mesh, x, idx, w, cot)
+  x, idx, w, cot = place(mesh, *exact_grad_problem(
+      rng, num_ranks * t, h, k, lambda: _routing(rng, num_ranks, t, k, e)))
   grads = {}
   for impl in ("ours", "ref"):
-    f = jax.jit(jax.shard_map(lambda x, i, w, impl=impl: _layer(x, i, w, config, impl, False),
-                              mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
+    f = global_fn(lambda x, i, w, impl=impl: _layer(x, i, w, config, impl, False), mesh)
     with jax.set_mesh(mesh):
       grads[impl] = jax.grad(lambda x, w: jnp.sum(f(x, idx, w) * cot), argnums=(0, 1))(x, w)
   for a, b in zip(grads["ours"], grads["ref"]):
@@ -200,11 +196,8 @@ def test_gradients_check_numerically():
   idx = _routing(rng, 2, 3, 2, 4)
   w = rng.random((6, 2), np.float32)
   x, idx, w = place(mesh, x, idx, w)
-  f = jax.jit(jax.shard_map(lambda x, i, w: _layer(x, i, w, config, "ours", True), mesh=mesh,
-                            in_specs=P("ep"), out_specs=P("ep")))
-  with jax.set_mesh(mesh):
-    sharded = lambda x, w: f(jax.reshard(x, P("ep")), idx, jax.reshard(w, P("ep")))  # noqa: E731
-    jax.test_util.check_grads(sharded, (x, w), order=1, modes=("rev",), atol=2e-2, rtol=2e-2)
+  f = global_fn(lambda x, i, w: _layer(x, i, w, config, "ours", True), mesh)
+  check_grads_of_layer(f, mesh, x, idx, w, atol=2e-2, rtol=2e-2)
 
 
 def test_gradient_of_the_dispatched_weights_alone():
