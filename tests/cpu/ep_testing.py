@@ -41,6 +41,29 @@ def global_fn(per_shard: Callable, mesh: jax.sharding.Mesh, axis: str = "ep") ->
   return jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
 
 
+def weight_and_row_grads(mesh: jax.sharding.Mesh, x: jax.Array, idx: jax.Array, w: jax.Array,
+                         **dispatch_kwargs):
+  """{"ours": (g_w, g_x), "ref": (g_w, g_x)}: for jax_ep.dispatch and for
+  jax_ep.reference.dispatch with ``dispatch_kwargs``, the gradient of
+  sum(topk_weights ** 2) in w alone and of sum(x ** 2) in x alone, so each
+  output's cotangent path runs on its own (symbolic zeros elsewhere)."""
+
+  def parts(impl):
+    def per_shard(x, i, w):
+      if impl == "ours":
+        d = jax_ep.dispatch(x, i, w, **dispatch_kwargs)
+        return jnp.sum(d.topk_weights ** 2)[None], jnp.sum(d.x ** 2)[None]
+      ref = jax_ep.reference.dispatch(x, i, w, **dispatch_kwargs)
+      return jnp.sum(ref["topk_weights"] ** 2)[None], jnp.sum(ref["x"] ** 2)[None]
+
+    f = global_fn(per_shard, mesh)
+    return (jax.grad(lambda w: jnp.sum(f(x, idx, w)[0]))(w),
+            jax.grad(lambda x: jnp.sum(f(x, idx, w)[1]))(x))
+
+  with jax.set_mesh(mesh):
+    return {impl: parts(impl) for impl in ("ours", "ref")}
+
+
 def check_grads_of_layer(f: Callable, mesh: jax.sharding.Mesh, x: jax.Array, idx: jax.Array,
                          w: jax.Array, **tolerances) -> None:
   """jax.test_util.check_grads (reverse mode, first order) of the global

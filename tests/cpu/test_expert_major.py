@@ -9,7 +9,8 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ep
 from ep_testing import (bits, check_grads_of_layer, exact_grad_problem, global_fn, local_steps,
-                        place, random_rows, ranks_routing, run_per_shard, setup)
+                        place, random_rows, ranks_routing, run_per_shard, setup,
+                        weight_and_row_grads)
 
 # (R, E, K, T, T_local, H, A)
 SHAPES = [
@@ -338,23 +339,9 @@ def test_gradients_of_weights_alone_and_rows_alone():
   idx = _routing(rng, 4, 4, 2, 8)
   w = rng.random((16, 2), np.float32)
   x, idx, w = place(mesh, x, idx, w)
-  kwargs = dict(config=config, layout="expert_major", expert_alignment=4)
-
-  def parts(impl):
-    def per_shard(x, i, w):
-      if impl == "ours":
-        d = jax_ep.dispatch(x, i, w, **kwargs)
-        return jnp.sum(d.topk_weights ** 2)[None], jnp.sum(d.x ** 2)[None]
-      ref = jax_ep.reference.dispatch(x, i, w, **kwargs)
-      return jnp.sum(ref["topk_weights"] ** 2)[None], jnp.sum(ref["x"] ** 2)[None]
-
-    f = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
-    with jax.set_mesh(mesh):
-      return (jax.grad(lambda w: jnp.sum(f(x, idx, w)[0]))(w),
-              jax.grad(lambda x: jnp.sum(f(x, idx, w)[1]))(x))
-
-  ours, ref = parts("ours"), parts("ref")
-  for a, b in zip(ours, ref):
+  grads = weight_and_row_grads(mesh, x, idx, w, config=config, layout="expert_major",
+                               expert_alignment=4)
+  for a, b in zip(grads["ours"], grads["ref"]):
     # Per element: a sum over at most K pairs of 2*v*1 terms, rounded once per add.
     bound = 2 * config.num_topk * np.finfo(np.float32).eps * np.abs(np.asarray(b))
     assert np.all(np.abs(np.asarray(a) - np.asarray(b)) <= bound)

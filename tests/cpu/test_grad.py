@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import jax_ep
-from ep_testing import check_grads_of_layer, global_fn, place, random_rows, setup
+from ep_testing import (check_grads_of_layer, global_fn, place, random_rows, setup,
+                        weight_and_row_grads)
 from ep_testing import ranks_routing as _routing
 
 
@@ -75,23 +76,8 @@ def test_grad_of_weights_only_and_of_rows_only():
   idx = _routing(rng, 4, 4, 2, 8)
   w = rng.random((16, 2), np.float32)
   x, idx, w = place(mesh, x, idx, w)
-
-  def parts(impl):
-    def per_shard(x, i, w):
-      if impl == "ours":
-        d = jax_ep.dispatch(x, i, w, config=config)
-        return jnp.sum(d.topk_weights ** 2)[None], jnp.sum(d.x ** 2)[None]
-      ref = jax_ep.reference.dispatch(x, i, w, config=config)
-      return jnp.sum(ref["topk_weights"] ** 2)[None], jnp.sum(ref["x"] ** 2)[None]
-
-    f = global_fn(per_shard, mesh)
-    g_w = jax.grad(lambda w: jnp.sum(f(x, idx, w)[0]))(w)
-    g_x = jax.grad(lambda x: jnp.sum(f(x, idx, w)[1]))(x)
-    return g_w, g_x
-
-  with jax.set_mesh(mesh):
-    ours, ref = parts("ours"), parts("ref")
-  for a, b in zip(ours, ref):
+  grads = weight_and_row_grads(mesh, x, idx, w, config=config)
+  for a, b in zip(grads["ours"], grads["ref"]):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
 
 
