@@ -25,6 +25,14 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* ptr) {
   return value;
 }
 
+// GPU scope: for flags that only this GPU's threads write (a rank's flags to
+// itself); an acquire.gpu is cheaper than an acquire.sys.
+__device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* ptr) {
+  uint64_t value;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(value) : "l"(ptr) : "memory");
+  return value;
+}
+
 __device__ __forceinline__ uint32_t ld_acquire_sys_u32(const uint32_t* ptr) {
   uint32_t value;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(ptr) : "memory");
@@ -56,6 +64,13 @@ __device__ __forceinline__ uint32_t atom_add_acq_rel_gpu(uint32_t* ptr, uint32_t
 
 __device__ __forceinline__ void st_release_sys(uint64_t* ptr, uint64_t value) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ptr), "l"(value) : "memory");
+}
+
+// A release at GPU scope: enough when every reader runs on this GPU (a rank's
+// flags to itself), and cheaper than st.release.sys, whose fence waits for the
+// thread's earlier writes to be visible to the whole system.
+__device__ __forceinline__ void st_release_gpu(uint64_t* ptr, uint64_t value) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(value) : "memory");
 }
 
 __device__ __forceinline__ uint32_t ld_volatile_u32(const uint32_t* ptr) {
@@ -205,16 +220,18 @@ __device__ __forceinline__ bool bounded_wait(Ready ready, uint64_t timeout_ns,
 }
 
 // Waits (one thread) until the flag carries `seq`; returns its value, or
-// kFlagTimedOut (see bounded_wait).
+// kFlagTimedOut (see bounded_wait). gpu_scope: the flag's writers all run on
+// this GPU (acquire.gpu instead of acquire.sys).
 constexpr uint32_t kFlagTimedOut = 0xffffffffu;
 
 __device__ __forceinline__ uint32_t wait_flag(const uint64_t* flag, uint32_t seq,
                                               uint64_t timeout_ns, DeviceStatus* status,
-                                              uint32_t op, int32_t peer, int32_t detail) {
+                                              uint32_t op, int32_t peer, int32_t detail,
+                                              bool gpu_scope = false) {
   uint64_t value = 0;
   const bool arrived = bounded_wait(
       [&] {
-        value = ld_acquire_sys(flag);
+        value = gpu_scope ? ld_acquire_gpu(flag) : ld_acquire_sys(flag);
         return flag_seq(value) == seq;
       },
       timeout_ns, status, op, peer, detail);

@@ -54,7 +54,9 @@ struct DeviceCounters {
   uint32_t ht_combine_send_done;
   uint32_t ht_combine_recv_done;
   uint32_t ht_recv_ticket;          // HT dispatch: next chunk to copy out (reset by the last block)
-  uint32_t reserved[2];
+  uint32_t ll_dispatch_lost;        // 1: a wait of this LL dispatch receive lost rows (reset by
+                                    // its last block)
+  uint32_t reserved[1];
 };
 
 // In-kernel profile (JAX_EP_PROFILE=1 at initialisation), from %globaltimer,

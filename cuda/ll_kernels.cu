@@ -28,7 +28,12 @@
 //      once per owner rank, not once per expert, into r's
 //      dispatch_tokens[p][s][t], written by the token's first expert on r (in
 //      k order). This cuts the bytes on the link by the number of the token's
-//      experts per rank (about 4 at top-8 over 2 ranks). RDMA (one QP per
+//      experts per rank (about 4 at top-8 over 2 ranks). The one-call op's
+//      pairs on this rank itself (r = s) get only the header (t, 2, w): the
+//      receive part reads their payload from this call's x (quantizing it
+//      there with FP8, by the sender's formula), so they skip
+//      dispatch_tokens; the split send has no such reader and writes the
+//      payload as for NVLink. RDMA (one QP per
 //      expert, so every pair carries its own data): the message
 //      [header (t, 0)][payload] is staged in dispatch_stage[t] and put on QP
 //      le (its puts are complete or queued on QP le before step 3); with
@@ -38,23 +43,29 @@
 //      adds 1 to done[e] (acq_rel, GPU scope). The thread that brings it to
 //      rows_per_expert[e] resets done[e] to 0 and sets r's
 //      dispatch_flags[p][le][s] = (seq, rows_per_expert[e]) with a system-scope
-//      release (NVLink) or a signal on QP le (RDMA): the release covers every
-//      row of e, whichever block wrote it (barrier -> release -> acquire chain).
+//      release (NVLink; GPU scope when r = s: only this GPU reads it) or a
+//      signal on QP le (RDMA): the release covers every row of e, whichever
+//      block wrote it (barrier -> release -> acquire chain).
 //      An expert that no token uses gets (seq, 0) at once from block e % grid.
 // dispatch recv (on every owner rank r):
 //   4. For each local expert le: wait (bounded) for dispatch_flags[p][le][s] to
 //      carry seq, for every source s: n_s rows, in slots 0..n_s-1 in token
-//      order. Output row offset_s + slot, offset_s = sum_{s'<s} n_s': the
-//      contract's (source rank, source token) order. count[le] = sum n_s.
-//      A slot's header (t, where) says where its payload is: in the slot
-//      (where = 0) or in dispatch_tokens[p][s][t] (where = 1).
+//      order (a block waits for all its (expert, source) flags at once when
+//      they fit one per thread). Output row offset_s + slot, offset_s =
+//      sum_{s'<s} n_s': the contract's (source rank, source token) order.
+//      count[le] = sum n_s. A slot's header (t, where) says where its payload
+//      is: in the slot (where = 0), in dispatch_tokens[p][s][t] (where = 1)
+//      or in x[t] (where = 2, s = this rank, one-call op).
 // combine send (on r):
 //   5. Row i < count[le] of expert le came from source s, token t (recv_src):
 //      y[le][i] goes to s's combine_recv[p][r*E_local+le][t], and/or the row's
-//      value row_values[le][i] to s's combine_values[p][r*E_local+le][t];
-//      after all of expert le's rows (block barrier), (seq, 0) is set in
+//      value row_values[le][i] to s's combine_values[p][r*E_local+le][t]; in
+//      the one-call op a row of this rank's own (s = r) is not copied: its
+//      slot gets the int4 (i, 0, 0, 0) and step 6 reads y[le][i] itself.
+//      After all of expert le's rows (block barrier), (seq, 0) is set in
 //      combine_flags[p][r*E_local+le] on every rank (NVLink: st.release.sys by
-//      one thread; RDMA: signal on QP le after the puts).
+//      one thread, st.release.gpu for r itself; RDMA: signal on QP le after
+//      the puts).
 // combine recv (on s):
 //   6. For each token, wait for combine_flags[p][e] = seq of its valid experts;
 //      out[t] = sum over valid k of w[t,k] * combine_recv[p][e_k][t], in fp32,
@@ -62,11 +73,12 @@
 //      out_pair_values[t][k] = combine_values[p][e_k][t].
 //
 // Faults: a wait that times out records the fault (device_common.cuh) and the
-// call's results are void, so they are marked: the dispatch's last block
-// writes count = -1 for every local expert when a fault is recorded (the
-// combine then sends nothing for them); a combine writes NaN for every token
-// (and pair value) whose expert's flag never came. Masked ranks are not a
-// fault: they just contribute nothing.
+// call's results are void, so they are marked: a dispatch receive block whose
+// wait lost rows (or block 0, when a fault was recorded before the call) sets
+// counters->ll_dispatch_lost; the last block then writes count = -1 for every
+// local expert (the combine then sends nothing for them) and resets the word.
+// A combine writes NaN for every token (and pair value) whose expert's flag
+// never came. Masked ranks are not a fault: they just contribute nothing.
 //
 // Rank masking (ctx.masked, 1 = masked; set by the host between calls, or by a
 // kernel on a timeout with mask_on_timeout): senders skip pairs whose expert
@@ -196,23 +208,26 @@ __device__ __forceinline__ bool finish_call(const LlContext& ctx, uint32_t seq,
 }
 
 // The rank mask as of the kernel's start, into shared memory (the caller
-// synchronises). Waits still check the live mask (ll_wait).
+// synchronises). Waits with mask_on_timeout still check the live mask (ll_wait).
 __device__ __forceinline__ void load_rank_mask(const LlContext& ctx, int* s_masked) {
   for (int r = threadIdx.x; r < ctx.dims.num_ranks; r += blockDim.x) {
     s_masked[r] = rank_masked(ctx, r) ? 1 : 0;
   }
 }
 
-// Waits for a peer's flag; a masked peer is not waited for (kFlagTimedOut).
-// With mask_on_timeout a timeout masks the peer instead of recording a fault.
-__device__ __forceinline__ uint32_t ll_wait(const LlContext& ctx, const uint64_t* flag,
-                                            uint32_t seq, uint32_t op, int peer, int detail) {
-  if (rank_masked(ctx, peer)) return kFlagTimedOut;
+// Waits for a peer's flag; a peer masked at the kernel's start (s_masked, the
+// snapshot of load_rank_mask) is not waited for (kFlagTimedOut). With
+// mask_on_timeout a timeout masks the peer instead of recording a fault, and a
+// peer masked meanwhile (by another wait) ends the wait. The rank's own flags
+// are written on this GPU only: acquire at GPU scope.
+__device__ __forceinline__ uint32_t ll_wait(const LlContext& ctx, const int* s_masked,
+                                            const uint64_t* flag, uint32_t seq, uint32_t op,
+                                            int peer, int detail) {
+  if (s_masked[peer] != 0) return kFlagTimedOut;
+  const bool own = peer == ctx.dims.rank;
   if (!ctx.mask_on_timeout || ctx.masked == nullptr) {
-    return wait_flag(flag, seq, ctx.timeout_ns, ctx.status, op, peer, detail);
+    return wait_flag(flag, seq, ctx.timeout_ns, ctx.status, op, peer, detail, own);
   }
-  // Masks the peer (both copies) instead of recording a fault; a peer masked
-  // meanwhile (by another wait) ends the wait too.
   auto mask_peer = [&] {
     atomicExch(ctx.masked + peer, 1u);
     if (ctx.masked_mirror != nullptr) {
@@ -223,11 +238,92 @@ __device__ __forceinline__ uint32_t ll_wait(const LlContext& ctx, const uint64_t
   uint64_t value = 0;
   const bool arrived = bounded_wait(
       [&] {
-        value = ld_acquire_sys(flag);
+        value = own ? ld_acquire_gpu(flag) : ld_acquire_sys(flag);
         return flag_seq(value) == seq || rank_masked(ctx, peer);
       },
       ctx.timeout_ns, ctx.status, mask_peer);
   return arrived && flag_seq(value) == seq ? flag_value(value) : kFlagTimedOut;
+}
+
+// Whether a wait that returned kFlagTimedOut lost data (a fault: the call's
+// results are void) rather than skipped a masked peer (called only then).
+__device__ __forceinline__ bool wait_lost(const LlContext& ctx, const int* s_masked, int peer) {
+  return s_masked[peer] == 0 && !rank_masked(ctx, peer);
+}
+
+// Sets rank r's copy of a flag (local symmetric address `flag`). The rank's
+// own flags are read on this GPU only: a GPU-scope release, no peer lookup.
+__device__ __forceinline__ void publish_flag(const LlContext& ctx, uint64_t* flag, uint64_t value,
+                                             int r, int qp) {
+  if (r == ctx.dims.rank) {
+    st_release_gpu(flag, value);
+  } else {
+    transport::set_flag(flag, value, r, ctx.qp_handles, qp);
+  }
+}
+
+// 16 channels (two int4 of bf16) -> 16 e4m3 bytes; *scale = the scale of their
+// 128-channel group, whose 8 pieces sit on 8 consecutive lanes (lane % 8 = the
+// piece's index in the group). All 32 lanes call it together: the group's
+// amax is a shuffle over its 8 lanes. The formula of jax_ep/fp8.py; the
+// sender and the receiver (rows a rank sends itself) both use it, so a row
+// has the same bits whichever side quantizes it.
+__device__ __forceinline__ int4 quantize_16(const int4 (&raw)[2], float* scale) {
+  const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(raw);
+  float f[16];
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    f[j] = __bfloat162float(v[j]);
+    amax = fmaxf(amax, fabsf(f[j]));
+  }
+#pragma unroll
+  for (int offset = 4; offset > 0; offset >>= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset, 8));
+  }
+  amax = fmaxf(amax, kMinAmax);
+  const float scale_inv = kFp8Max / amax;
+  uint32_t packed[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    __nv_fp8x4_e4m3 four(make_float4(f[4 * j] * scale_inv, f[4 * j + 1] * scale_inv,
+                                     f[4 * j + 2] * scale_inv, f[4 * j + 3] * scale_inv));
+    packed[j] = *reinterpret_cast<uint32_t*>(&four);
+  }
+  *scale = amax / kFp8Max;
+  return make_int4(static_cast<int>(packed[0]), static_cast<int>(packed[1]),
+                   static_cast<int>(packed[2]), static_cast<int>(packed[3]));
+}
+
+// Warp-collective: bf16 row `row` ([hidden]) -> e4m3 `out` and its float32
+// scales (one per 128 channels), as a sender would quantize it (quantize_16);
+// kBatch rounds of 32 pieces in flight per lane. `row` is read-only for the
+// whole kernel (the call's x).
+template <int kBatch = 4>
+__device__ __forceinline__ void warp_quantize_row(int4* out, float* scales_out, const int4* row,
+                                                  int hidden, int lane) {
+  const int num_tasks = hidden / 16;  // a multiple of 8: a group is all in or all out
+  for (int base = 0; base < num_tasks; base += kBatch * kWarpSize) {
+    int4 raw[kBatch][2];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int task = base + u * kWarpSize + lane;
+      const bool active = task < num_tasks;
+      raw[u][0] = active ? ld_v4_no_alloc(row + 2 * task, false) : make_int4(0, 0, 0, 0);
+      raw[u][1] = active ? ld_v4_no_alloc(row + 2 * task + 1, false) : make_int4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (base + u * kWarpSize >= num_tasks) break;  // warp-uniform
+      const int task = base + u * kWarpSize + lane;
+      float scale;
+      const int4 packed = quantize_16(raw[u], &scale);
+      if (task < num_tasks) {
+        st_na_v4(out + task, packed);
+        if (task % 8 == 0) scales_out[task / 8] = scale;
+      }
+    }
+  }
 }
 
 // A message is [16-byte header: token id][payload]: the bf16 row, or the fp8
@@ -273,32 +369,7 @@ __device__ __forceinline__ RoundPieces<kFp8> load_pieces(const int4* row, int c0
       raw[u][1] = active ? ld_v4_no_alloc(row + 2 * task + 1, false) : make_int4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < kTasks; ++u) {
-      const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(raw[u]);
-      float f[16];
-      float amax = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        f[j] = __bfloat162float(v[j]);
-        amax = fmaxf(amax, fabsf(f[j]));
-      }
-#pragma unroll
-      for (int offset = 4; offset > 0; offset >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset, 8));
-      }
-      amax = fmaxf(amax, kMinAmax);
-      const float scale_inv = kFp8Max / amax;
-      uint32_t packed[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        __nv_fp8x4_e4m3 four(make_float4(f[4 * j] * scale_inv, f[4 * j + 1] * scale_inv,
-                                         f[4 * j + 2] * scale_inv, f[4 * j + 3] * scale_inv));
-        packed[j] = *reinterpret_cast<uint32_t*>(&four);
-      }
-      p.data[u] = make_int4(static_cast<int>(packed[0]), static_cast<int>(packed[1]),
-                            static_cast<int>(packed[2]), static_cast<int>(packed[3]));
-      p.scale[u] = amax / kFp8Max;
-    }
+    for (int u = 0; u < kTasks; ++u) p.data[u] = quantize_16(raw[u], &p.scale[u]);
   }
   return p;
 }
@@ -335,7 +406,10 @@ size_t DispatchSendSmem(int num_tokens, const EpDims& d) {
                         2 * static_cast<size_t>(d.num_experts));
 }
 
-template <bool kFp8>
+// kDirectSelf (one-call ops): the pairs this rank sends itself get only their
+// header (t, 2, w); the receive part reads their payload from x (and
+// quantizes it there with FP8), so no copy of it goes through dispatch_tokens.
+template <bool kFp8, bool kDirectSelf>
 __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_t seq,
                                                    const LlDispatchArgs& args,
                                                    const int* masked, int* smem) {
@@ -367,9 +441,13 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
     return reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * d.hidden);
   };
 
-  // The first row's loads go out before the routing pass.
+  // The first row's loads go out before the routing pass, unless no row can
+  // leave the rank's own x (one rank, direct self pairs).
+  const bool may_send_payload = !kDirectSelf || d.num_ranks > 1;
   RoundPieces<kFp8> pieces;
-  if (first_token < num_tokens) pieces = load_pieces<kFp8>(token_row(first_token), 0, d.hidden);
+  if (may_send_payload && first_token < num_tokens) {
+    pieces = load_pieces<kFp8>(token_row(first_token), 0, d.hidden);
+  }
 
   // 1. Routing of all tokens: which (token, expert) pairs are sent, and counts.
   //    The first kPrefetch entries per thread are loaded before the barrier.
@@ -417,15 +495,15 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
        e += blockDim.x * gridDim.x) {
     const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
     if (rows_per_expert[e] == 0 && masked[r] == 0) {
-      transport::set_flag(flags + static_cast<size_t>(le) * d.num_ranks + d.rank,
-                          make_flag(seq, 0), r, ctx.qp_handles, le);
+      publish_flag(ctx, flags + static_cast<size_t>(le) * d.num_ranks + d.rank, make_flag(seq, 0),
+                   r, le);
     }
   }
 
   // 2-3. This block's tokens, in increasing order.
   for (int t = first_token; t < num_tokens; t += gridDim.x) {
     if (t != first_token) {
-      pieces = load_pieces<kFp8>(token_row(t), 0, d.hidden);
+      if (may_send_payload) pieces = load_pieces<kFp8>(token_row(t), 0, d.hidden);
       for (int i = threadIdx.x; i < static_cast<int>(gridDim.x) * num_topk; i += blockDim.x) {
         const int e = routing[static_cast<size_t>(t - gridDim.x) * num_topk + i];
         if (e >= 0) atomicAdd(rows_before + e, 1);
@@ -452,39 +530,44 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
         s_weight_bits[k] = __float_as_int(weight);
         char* dst_local = recv_base +
             ((static_cast<size_t>(le) * d.num_ranks + d.rank) * d.ll_max_tokens + slot) * msg_bytes;
-        s_dst[k] = static_cast<char*>(transport::peer_ptr(dst_local, r));
+        const bool own = r == d.rank;
+        s_dst[k] = own ? dst_local : static_cast<char*>(transport::peer_ptr(dst_local, r));
         // The first of the token's experts on r (in k order) carries the payload.
-        bool first_of_rank = true;
+        bool first_of_rank = !(kDirectSelf && own);
         for (int j = 0; j < k; ++j) {
           const int other = routing[static_cast<size_t>(t) * num_topk + j];
           first_of_rank &= other < 0 || other / d.experts_per_rank != r;
         }
         char* token_local =
             tokens_base + (static_cast<size_t>(d.rank) * d.ll_max_tokens + t) * msg_bytes;
-        s_token_dst[k] = first_of_rank && s_dst[k] != nullptr
-                             ? static_cast<char*>(transport::peer_ptr(token_local, r))
-                             : nullptr;
+        s_token_dst[k] = !first_of_rank || s_dst[k] == nullptr ? nullptr
+                         : own ? token_local
+                               : static_cast<char*>(transport::peer_ptr(token_local, r));
+        // NVLink slots get only their header (y = 1: the payload is in the
+        // source's dispatch_tokens row of token t on that rank; y = 2: in x).
+        if (s_dst[k] != nullptr) {
+          st_na_v4(reinterpret_cast<int4*>(s_dst[k]),
+                   make_int4(t, kDirectSelf && own ? 2 : 1, s_weight_bits[k], 0));
+        }
       }
     }
     __syncthreads();
-    bool needs_stage = false;  // block-uniform: the routing lives in shared memory
-    for (int k = 0; k < num_topk; ++k) needs_stage |= s_expert[k] >= 0 && s_dst[k] == nullptr;
+    // Block-uniform (the routing lives in shared memory): whether the token's
+    // payload goes to an RDMA stage and/or to a peer's dispatch_tokens.
+    bool needs_stage = false, needs_payload = false;
+    for (int k = 0; k < num_topk; ++k) {
+      needs_stage |= s_expert[k] >= 0 && s_dst[k] == nullptr;
+      needs_payload |= s_expert[k] >= 0 && (s_dst[k] == nullptr || s_token_dst[k] != nullptr);
+    }
     // RDMA puts need a symmetric source: the message is staged once per token.
     char* stage = needs_stage ? ctx.buffers.dispatch_stage + static_cast<size_t>(t) * msg_bytes
                               : nullptr;
     const int4* row = token_row(t);
-    for (int c0 = 0; c0 < d.hidden; c0 += kChannelsPerRound) {
-      if (c0 > 0) pieces = load_pieces<kFp8>(row, c0, d.hidden);
+    for (int c0 = 0; needs_payload && c0 < d.hidden; c0 += kChannelsPerRound) {
+      if (c0 > 0 || !may_send_payload) pieces = load_pieces<kFp8>(row, c0, d.hidden);
       for (int k = 0; k < num_topk; ++k) {
         if (s_expert[k] < 0 || s_token_dst[k] == nullptr) continue;
         store_pieces<kFp8>(s_token_dst[k], pieces, c0, d.hidden);
-      }
-      // NVLink slots get only their header (y = 1: the payload is in the
-      // source's dispatch_tokens row of token t on that rank).
-      if (c0 == 0 && threadIdx.x < num_topk && s_expert[threadIdx.x] >= 0 &&
-          s_dst[threadIdx.x] != nullptr) {
-        st_na_v4(reinterpret_cast<int4*>(s_dst[threadIdx.x]),
-                 make_int4(t, 1, s_weight_bits[threadIdx.x], 0));
       }
       if (stage != nullptr) {
         store_pieces<kFp8>(stage, pieces, c0, d.hidden);
@@ -525,18 +608,23 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
         // The last of e's rows: publish them all.
         done[e] = 0u;
         const int r = e / d.experts_per_rank, le = e % d.experts_per_rank;
-        transport::set_flag(flags + static_cast<size_t>(le) * d.num_ranks + d.rank,
-                            make_flag(seq, static_cast<uint32_t>(s_total[k])), r, ctx.qp_handles,
-                            le);
+        publish_flag(ctx, flags + static_cast<size_t>(le) * d.num_ranks + d.rank,
+                     make_flag(seq, static_cast<uint32_t>(s_total[k])), r, le);
       }
     }
   }
 }
 
-template <bool kFp8>
-__device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_t seq,
-                                                   const LlDispatchArgs& args) {
+// Returns true if a wait of this block lost data (a fault): the call's
+// results are void.
+template <bool kFp8, bool kDirectSelf>
+__device__ __forceinline__ bool dispatch_recv_part(const LlContext& ctx, uint32_t seq,
+                                                   const LlDispatchArgs& args,
+                                                   const int* s_masked) {
   __shared__ int s_offset[kMaxRanks + 1];  // output offset of each source's rows
+  // The block's flags waited for at once, one thread per (expert, source)
+  // pair, when they fit: the block's experts do not wait in turn.
+  __shared__ int s_arrived[kThreads];
   const EpDims d = ctx.dims;
   const int num_tokens = args.num_tokens;
   void* __restrict__ out_x = args.out_x;
@@ -544,6 +632,7 @@ __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_
   int32_t* __restrict__ out_count = args.out_count;
   int32_t* __restrict__ out_recv_src = args.out_recv_src;
   float* __restrict__ out_weights = args.out_weights;
+  const auto* __restrict__ x = static_cast<const __nv_bfloat16*>(args.x);
   const char* recv_base = ctx.buffers.dispatch_recv[seq & 1];
   const char* tokens_base = ctx.buffers.dispatch_tokens[seq & 1];
   const uint64_t* flags = ctx.buffers.dispatch_flags[seq & 1];
@@ -551,19 +640,39 @@ __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_
   const int rows_per_expert = d.num_ranks * d.ll_max_tokens;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
+  bool lost = false;
+  auto wait_rows = [&](int le, int s) {
+    const uint32_t n = ll_wait(ctx, s_masked, flags + static_cast<size_t>(le) * d.num_ranks + s,
+                               seq, kOpLlDispatch, s, le);
+    if (n == kFlagTimedOut) {
+      lost |= wait_lost(ctx, s_masked, s);
+      return 0;
+    }
+    return static_cast<int>(min(n, static_cast<uint32_t>(num_tokens)));
+  };
+  const int block_experts =
+      static_cast<int>(blockIdx.x) < d.experts_per_rank
+          ? (d.experts_per_rank - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1
+          : 0;
+  const bool waited_at_once = block_experts * d.num_ranks <= kThreads;
+  if (waited_at_once && static_cast<int>(threadIdx.x) < block_experts * d.num_ranks) {
+    const int j = threadIdx.x / d.num_ranks, s = threadIdx.x % d.num_ranks;
+    s_arrived[threadIdx.x] = wait_rows(blockIdx.x + j * gridDim.x, s);
+  }
 
-  for (int le = blockIdx.x; le < d.experts_per_rank; le += gridDim.x) {
+  for (int le = blockIdx.x, j = 0; le < d.experts_per_rank; le += gridDim.x, ++j) {
     for (int s = threadIdx.x; s < d.num_ranks; s += blockDim.x) {
-      const uint32_t n = ll_wait(ctx, flags + static_cast<size_t>(le) * d.num_ranks + s, seq,
-                                 kOpLlDispatch, s, le);
-      s_offset[s + 1] =
-          n == kFlagTimedOut ? 0 : static_cast<int>(min(n, static_cast<uint32_t>(num_tokens)));
+      // (s_arrived was written before this loop's first barrier below)
+      if (!waited_at_once) s_offset[s + 1] = wait_rows(le, s);
     }
     __syncthreads();
     if (le == blockIdx.x) profile_waited(ctx, 1);
     if (threadIdx.x == 0) {
       s_offset[0] = 0;
-      for (int s = 0; s < d.num_ranks; ++s) s_offset[s + 1] += s_offset[s];
+      for (int s = 0; s < d.num_ranks; ++s) {
+        s_offset[s + 1] = s_offset[s] + (waited_at_once ? s_arrived[j * d.num_ranks + s]
+                                                        : s_offset[s + 1]);
+      }
       out_count[le] = s_offset[d.num_ranks];
     }
     __syncthreads();
@@ -587,7 +696,8 @@ __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_
       const char* message =
           expert_base + (static_cast<size_t>(s) * d.ll_max_tokens + (row - s_offset[s])) * msg_bytes;
       // Every lane reads the header (one broadcast load): it says where the
-      // payload is, in this slot (RDMA) or in the source's token row (NVLink).
+      // payload is: in this slot (RDMA, y = 0), in the source's token row
+      // (NVLink, y = 1) or in this call's x (the rank's own pairs, y = 2).
       const int4 header = ld_v4_no_alloc(reinterpret_cast<const int4*>(message), true);
       const int t = header.x;
       const bool known_token = t >= 0 && t < num_tokens;
@@ -595,11 +705,24 @@ __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_
         recv_src[row] = known_token ? s * num_tokens + t : -1;
         if (weights != nullptr) weights[row] = known_token ? __int_as_float(header.z) : 0.0f;
       }
-      if (header.y == 1) {  // a bad token index reads token 0's row: in bounds, marked -1
+      const size_t out_row = static_cast<size_t>(le) * rows_per_expert + row;
+      if (kDirectSelf && header.y == 2 && s == d.rank && known_token) {
+        const int4* source = reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * d.hidden);
+        if constexpr (!kFp8) {
+          warp_copy<16>(reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(out_x) +
+                                                out_row * d.hidden),
+                        source, d.hidden / 8, lane);
+        } else {
+          warp_quantize_row(reinterpret_cast<int4*>(static_cast<uint8_t*>(out_x) +
+                                                    out_row * d.hidden),
+                            out_scales + out_row * (d.hidden / 128), source, d.hidden, lane);
+        }
+        continue;
+      }
+      if (header.y != 0) {  // a bad token index reads token 0's row: in bounds, marked -1
         message = tokens_base +
             (static_cast<size_t>(s) * d.ll_max_tokens + (known_token ? t : 0)) * msg_bytes;
       }
-      const size_t out_row = static_cast<size_t>(le) * rows_per_expert + row;
       const int4* payload = reinterpret_cast<const int4*>(message + 16);
       if constexpr (!kFp8) {
         warp_copy<16, /*kCoherent=*/true>(
@@ -616,41 +739,56 @@ __device__ __forceinline__ void dispatch_recv_part(const LlContext& ctx, uint32_
     }
     __syncthreads();  // s_offset is rewritten for the next expert
   }
+  return __syncthreads_or(lost);
 }
 
 // kParts = kSendPart (split send: ticket_out), kRecvPart (split recv: ticket_in)
-// or kBothParts (one-call op).
+// or kBothParts (one-call op, whose own pairs skip dispatch_tokens: kDirectSelf).
 template <bool kFp8, int kParts>
 __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDispatchArgs args) {
   extern __shared__ int smem[];
   __shared__ int s_masked[kMaxRanks];
   constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
+  constexpr bool kDirectSelf = kSend && kRecv;
   DeviceCounters* counters = ctx.counters;
   const uint32_t seq = call_seq<kSend>(&counters->ll_dispatch_seq, args.ticket_in);
+  // A fault recorded before this call voids it too (its waits may have given
+  // up at once). Read now, used at the end: the status word is host memory.
+  const bool earlier_fault = kRecv && blockIdx.x == 0 && threadIdx.x == 0 &&
+                             fault_recorded(ctx.status);
+  load_rank_mask(ctx, s_masked);  // published by the first barrier below
   if constexpr (kSend) {
-    load_rank_mask(ctx, s_masked);  // the send part's first barrier publishes it
     profile_start(ctx, 0);
-    dispatch_send_part<kFp8>(ctx, seq, args, s_masked, smem);
+    dispatch_send_part<kFp8, kDirectSelf>(ctx, seq, args, s_masked, smem);
     if constexpr (kRecv) profile_end_block0(ctx, 0);
+  } else {
+    __syncthreads();
   }
   if constexpr (kRecv) {
     profile_start(ctx, 1);
-    dispatch_recv_part<kFp8>(ctx, seq, args);
+    const bool lost = dispatch_recv_part<kFp8, kDirectSelf>(ctx, seq, args, s_masked);
+    if ((lost || earlier_fault) && threadIdx.x == 0) counters->ll_dispatch_lost = 1u;
   }
   const bool last = finish_call<kParts>(ctx, seq, &counters->ll_dispatch_send_done,
                                         &counters->ll_dispatch_recv_done,
                                         &counters->ll_dispatch_outstanding,
                                         &counters->ll_dispatch_seq, args.ticket_out,
                                         kOpLlDispatch, 0);
-  if (kRecv && last && fault_recorded(ctx.status)) {
-    // A wait of this call (or of an earlier one) gave up: rows are missing.
-    // Counts that cannot be real say so (combine sends nothing for them).
+  if (kRecv && last && counters->ll_dispatch_lost != 0u) {
+    // A wait of this call gave up, or an earlier call faulted: rows are
+    // missing. Counts that cannot be real say so (combine sends nothing for them).
+    counters->ll_dispatch_lost = 0u;
     for (int le = 0; le < ctx.dims.experts_per_rank; ++le) args.out_count[le] = -1;
   }
 }
 
+// kDirectSelf (one-call ops): a row whose source is this rank is not copied;
+// its slot in combine_recv gets only its row index in y (an int4 (i, 0, 0, 0)),
+// and the receive part reads the row from y.
+template <bool kDirectSelf>
 __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t seq,
-                                                  const LlCombineArgs& args, const int* s_masked) {
+                                                  const LlCombineArgs& args, const int* s_masked,
+                                                  int first_count) {
   constexpr int kUnroll = 16;  // vectors per lane in flight
   const EpDims d = ctx.dims;
   const auto* __restrict__ y = static_cast<const __nv_bfloat16*>(args.y);
@@ -674,32 +812,29 @@ __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t
       return reinterpret_cast<const int4*>(
           y + (static_cast<size_t>(le) * rows_per_expert + i) * d.hidden);
     };
-    // The warp's first row: its data and its source are loaded together with
-    // count (in bounds whatever count says; a row past count is never stored).
-    int4 head[kUnroll];
-    int src = -1;
-    if (warp < rows_per_expert) {
-      if (y != nullptr) warp_load_batch(head, row_of(warp), 0, num_vec, lane);
-      src = expert_src[warp];
-    }
-    const int n = min(args.count[le], rows_per_expert);  // -1 (a faulted dispatch): none
+    // -1 (a faulted dispatch): none. The block's first count was loaded at the
+    // kernel's start; only rows below it are loaded (a row past count is never
+    // stored, and most of an expert's R*T_ll rows are past it).
+    const int n = min(le == static_cast<int>(blockIdx.x) ? first_count : args.count[le],
+                      rows_per_expert);
     for (int i = warp; i < n; i += num_warps) {
-      if (i != warp) {
-        src = expert_src[i];
-        if (y != nullptr) warp_load_batch(head, row_of(i), 0, num_vec, lane);
-      }
+      const int src = expert_src[i];
       if (src < 0 || num_tokens <= 0) continue;
       const int s = src / num_tokens, t = src % num_tokens;
       if (s >= d.num_ranks || s_masked[s] != 0) continue;
       const size_t pair = static_cast<size_t>(e) * d.ll_max_tokens + t;  // on rank s
+      const bool own = s == d.rank;
       if (y != nullptr) {
         const int4* row = row_of(i);
         char* dst_local = recv_base + pair * row_bytes;
-        auto* dst = static_cast<int4*>(transport::peer_ptr(dst_local, s));
-        if (dst != nullptr) {
+        if (kDirectSelf && own) {
+          if (lane == 0) st_na_v4(reinterpret_cast<int4*>(dst_local), make_int4(i, 0, 0, 0));
+        } else if (auto* dst = static_cast<int4*>(own ? dst_local
+                                                      : transport::peer_ptr(dst_local, s))) {
+          int4 batch[kUnroll];
           for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
-            if (base > 0) warp_load_batch(head, row, base, num_vec, lane);
-            warp_store_batch(dst, head, base, num_vec, lane);
+            warp_load_batch(batch, row, base, num_vec, lane);
+            warp_store_batch(dst, batch, base, num_vec, lane);
           }
         } else {
           auto* stage = reinterpret_cast<int4*>(
@@ -713,7 +848,8 @@ __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t
       }
       if (row_values != nullptr) {
         const float value = row_values[static_cast<size_t>(le) * rows_per_expert + i];
-        auto* dst = static_cast<float*>(transport::peer_ptr(values_base + pair, s));
+        auto* dst = static_cast<float*>(own ? values_base + pair
+                                            : transport::peer_ptr(values_base + pair, s));
         if (dst != nullptr) {
           if (lane == 0) *dst = value;
         } else {
@@ -729,9 +865,7 @@ __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t
     transport::complete_block_puts(__syncthreads_or(used_rdma), ctx.qp_handles, ctx.status);
     __syncthreads();  // every row of expert le is written (or its put issued)
     for (int r = threadIdx.x; r < d.num_ranks; r += blockDim.x) {
-      if (s_masked[r] == 0) {
-        transport::set_flag(flags + e, make_flag(seq, 0), r, ctx.qp_handles, le);
-      }
+      if (s_masked[r] == 0) publish_flag(ctx, flags + e, make_flag(seq, 0), r, le);
     }
   }
 }
@@ -744,7 +878,7 @@ __device__ __forceinline__ int arrived_expert(const LlContext& ctx, const uint64
                                               uint32_t seq, int e, const int* s_masked) {
   const EpDims& d = ctx.dims;
   if (!valid_expert(e, d.num_experts) || s_masked[e / d.experts_per_rank] != 0) return -1;
-  if (ll_wait(ctx, flags + e, seq, kOpLlCombine, e / d.experts_per_rank,
+  if (ll_wait(ctx, s_masked, flags + e, seq, kOpLlCombine, e / d.experts_per_rank,
               e % d.experts_per_rank) != kFlagTimedOut) {
     return e;
   }
@@ -752,11 +886,15 @@ __device__ __forceinline__ int arrived_expert(const LlContext& ctx, const uint64
   return rank_masked(ctx, e / d.experts_per_rank) ? -1 : kExpertLost;
 }
 
+// kDirectSelf: the rows of this rank's own experts are read from y, at the
+// index their slot holds (combine_send_part).
+template <bool kDirectSelf>
 __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t seq,
                                                   const LlCombineArgs& args, const int* s_masked,
                                                   int first_expert, float first_weight) {
   __shared__ int s_expert[kMaxTopk];
   __shared__ float s_weight[kMaxTopk];
+  __shared__ const int4* s_row[kMaxTopk];  // where the row of (t, e_k) is read
   __shared__ int s_lost;
   const EpDims d = ctx.dims;
   const int32_t* __restrict__ topk_idx = args.topk_idx;
@@ -768,6 +906,8 @@ __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t
   const uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
   const size_t row_bytes = static_cast<size_t>(d.hidden) * 2;
   const int num_vec = d.hidden / 8;
+  const int rows_per_expert = d.num_ranks * d.ll_max_tokens;
+  const auto* __restrict__ y = static_cast<const __nv_bfloat16*>(args.y);
 
   for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
     if (threadIdx.x == 0) s_lost = 0;
@@ -782,6 +922,20 @@ __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t
       const int e = arrived_expert(ctx, flags, seq, raw, s_masked);
       if (e == kExpertLost) s_lost = 1;
       s_expert[k] = e >= 0 ? e : -1;
+      if (e >= 0 && out != nullptr) {
+        const auto* slot = reinterpret_cast<const int4*>(
+            recv_base + (static_cast<size_t>(e) * d.ll_max_tokens + t) * row_bytes);
+        const int le = e - d.rank * d.experts_per_rank;
+        if (kDirectSelf && e / d.experts_per_rank == d.rank) {
+          // Written by this kernel's send part (published by the flag).
+          const int i = ld_v4_no_alloc(slot, true).x;
+          s_row[k] = reinterpret_cast<const int4*>(
+              y + (static_cast<size_t>(le) * rows_per_expert +
+                   min(max(i, 0), rows_per_expert - 1)) * d.hidden);
+        } else {
+          s_row[k] = slot;
+        }
+      }
       s_weight[k] = e >= 0 && topk_weights != nullptr
                         ? (first ? first_weight : topk_weights[t * d.num_topk + k])
                         : 0.0f;
@@ -823,8 +977,7 @@ __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t
           const int k = k0 + j;
           const int e = k < d.num_topk ? s_expert[k] : -1;
           if (e < 0) continue;
-          const int4* src = reinterpret_cast<const int4*>(
-              recv_base + (static_cast<size_t>(e) * d.ll_max_tokens + t) * row_bytes);
+          const int4* src = s_row[k];
 #pragma unroll
           for (int u = 0; u < kVecs; ++u) {
             const int v = v0 + u * blockDim.x;
@@ -865,11 +1018,17 @@ __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t
 template <int kParts>
 __global__ void __launch_bounds__(kThreads, 1) ll_combine(LlContext ctx, LlCombineArgs args) {
   constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
+  // One-call op: the rank's own rows are read from y, not copied (the split
+  // receive has no y).
+  constexpr bool kDirectSelf = kSend && kRecv;
   __shared__ int s_masked[kMaxRanks];
   DeviceCounters* counters = ctx.counters;
   const uint32_t seq = call_seq<kSend>(&counters->ll_combine_seq, args.ticket_in);
-  // Loaded now, used after the send part: the rank mask and the routing of
-  // the block's first token.
+  // Loaded now, used later: the rank mask, the count of the block's first
+  // expert and the routing of the block's first token.
+  const int first_count = kSend && static_cast<int>(blockIdx.x) < ctx.dims.experts_per_rank
+                              ? args.count[blockIdx.x]
+                              : 0;
   int first_expert = -1;
   float first_weight = 0.0f;
   if (kRecv && threadIdx.x < ctx.dims.num_topk &&
@@ -883,12 +1042,12 @@ __global__ void __launch_bounds__(kThreads, 1) ll_combine(LlContext ctx, LlCombi
   __syncthreads();
   if constexpr (kSend) {
     profile_start(ctx, 2);
-    combine_send_part(ctx, seq, args, s_masked);
+    combine_send_part<kDirectSelf>(ctx, seq, args, s_masked, first_count);
     if constexpr (kRecv) profile_end_block0(ctx, 2);
   }
   if constexpr (kRecv) {
     profile_start(ctx, 3);
-    combine_recv_part(ctx, seq, args, s_masked, first_expert, first_weight);
+    combine_recv_part<kDirectSelf>(ctx, seq, args, s_masked, first_expert, first_weight);
   }
   finish_call<kParts>(ctx, seq, &counters->ll_combine_send_done, &counters->ll_combine_recv_done,
                       &counters->ll_combine_outstanding, &counters->ll_combine_seq,

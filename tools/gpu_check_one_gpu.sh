@@ -114,17 +114,26 @@ one_gpu_example() {  # the main job and the README's snippet, one process on the
   [ "$rc" -ne 0 ] && status=1 && tail -20 "$log"
 }
 
+# EP1_BENCH_MODES (default "ht ll") and EP1_BENCH_RUNS (default 1): the
+# targets are medians of >= 5 runs (python -m jax_ep.bench.medians over the JSONs).
 one_gpu_ep1_bench() {  # one process alone on the GPU (EP1): a speed measurement, unlike the rest
-  local mode log rc
-  for mode in ht ll; do
-    log="$OUT/bench_ep1_${mode}.log"
-    timeout "${BENCH_TIMEOUT_S:-600}" "$PY" -m jax_ep.bench --mode "$mode" --out_dir "$OUT" \
-        $([[ $mode == ht ]] && echo --layouts) > "$log" 2>&1
-    rc=$?
-    note "bench --mode $mode (EP1, one process) rc=$rc"
-    sed -n '/^jax_ep bench/,$p' "$log" | tee -a "$SUMMARY"
-    [ "$rc" -ne 0 ] && status=1 && grep -v "^[IW][0-9]\{4\} " "$log" | tail -15
+  local mode log rc run
+  for ((run = 1; run <= ${EP1_BENCH_RUNS:-1}; run++)); do
+    for mode in ${EP1_BENCH_MODES:-ht ll}; do
+      log="$OUT/bench_ep1_${mode}_${run}.log"
+      timeout "${BENCH_TIMEOUT_S:-600}" "$PY" -m jax_ep.bench --mode "$mode" --out_dir "$OUT" \
+          $([[ $mode == ht ]] && echo --layouts) > "$log" 2>&1
+      rc=$?
+      note "bench --mode $mode (EP1, one process, run $run) rc=$rc"
+      sed -n '/^jax_ep bench/,$p' "$log" | grep -v "^in-kernel profile" | tee -a "$SUMMARY"
+      [ "$rc" -ne 0 ] && status=1 && grep -v "^[IW][0-9]\{4\} " "$log" | tail -15
+    done
   done
+  if [[ ${EP1_BENCH_RUNS:-1} -gt 1 ]]; then
+    for mode in ${EP1_BENCH_MODES:-ht ll}; do
+      "$PY" -m jax_ep.bench.medians "$OUT/${mode}"_*.json | tee -a "$SUMMARY"
+    done
+  fi
 }
 
 one_gpu_qp() {
