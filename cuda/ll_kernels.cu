@@ -615,17 +615,51 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
   }
 }
 
+// The receive part's share of this block. With at least as many local experts
+// as blocks, block b receives experts b, b + G, b + 2G, ... (G = grid), all
+// of them at once: their rows are one flattened list over the block's warps.
+// With fewer, each expert is received by G / E_local blocks (splits), which
+// all wait for its flags and take every splits-th row of it, so that few
+// experts still spread their rows over the GPU.
+struct RecvShare {
+  int first_expert;   // local expert of the block's first
+  int expert_stride;  // between the block's experts
+  int num_experts;    // the block's experts (0: none)
+  int splits;         // blocks sharing each expert
+  int split;          // this block's index among them
+};
+
+__device__ __forceinline__ RecvShare recv_share(int experts_per_rank) {
+  const int num_blocks = gridDim.x, b = blockIdx.x;
+  if (experts_per_rank >= num_blocks) {
+    return RecvShare{b, num_blocks, b < experts_per_rank ? (experts_per_rank - 1 - b) / num_blocks + 1
+                                                         : 0,
+                     1, 0};
+  }
+  const int splits = num_blocks / experts_per_rank;
+  return RecvShare{b % experts_per_rank, experts_per_rank, b < experts_per_rank * splits ? 1 : 0,
+                   splits, b / experts_per_rank};
+}
+
+// Shared memory of a group of the block's experts received together: each
+// expert's R + 1 source offsets, and the flattened list's expert starts.
+constexpr int kRecvOffsetInts = 2048;
+constexpr int kMaxGroupExperts = 64;
+
+// Bf16 vectors per lane in flight when a receiver copies a row: a whole
+// row of hidden 7168 (896 vectors) in one batch.
+constexpr int kRowCopyUnroll = 28;
+
 // Returns true if a wait of this block lost data (a fault): the call's
 // results are void.
 template <bool kFp8, bool kDirectSelf>
 __device__ __forceinline__ bool dispatch_recv_part(const LlContext& ctx, uint32_t seq,
                                                    const LlDispatchArgs& args,
                                                    const int* s_masked) {
-  __shared__ int s_offset[kMaxRanks + 1];  // output offset of each source's rows
-  // The block's flags waited for at once, one thread per (expert, source)
-  // pair, when they fit: the block's experts do not wait in turn.
-  __shared__ int s_arrived[kThreads];
+  __shared__ int s_offsets[kRecvOffsetInts];       // [group expert][R + 1]
+  __shared__ int s_starts[kMaxGroupExperts + 1];   // flattened start of each group expert
   const EpDims d = ctx.dims;
+  const int R = d.num_ranks;
   const int num_tokens = args.num_tokens;
   void* __restrict__ out_x = args.out_x;
   float* __restrict__ out_scales = args.out_scales;
@@ -637,85 +671,90 @@ __device__ __forceinline__ bool dispatch_recv_part(const LlContext& ctx, uint32_
   const char* tokens_base = ctx.buffers.dispatch_tokens[seq & 1];
   const uint64_t* flags = ctx.buffers.dispatch_flags[seq & 1];
   const size_t msg_bytes = ctx.buffers.message_bytes;
-  const int rows_per_expert = d.num_ranks * d.ll_max_tokens;
+  const int rows_per_expert = R * d.ll_max_tokens;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
+  const RecvShare share = recv_share(d.experts_per_rank);
+  const int group_size = max(1, min(kMaxGroupExperts, kRecvOffsetInts / (R + 1)));
   bool lost = false;
-  auto wait_rows = [&](int le, int s) {
-    const uint32_t n = ll_wait(ctx, s_masked, flags + static_cast<size_t>(le) * d.num_ranks + s,
-                               seq, kOpLlDispatch, s, le);
-    if (n == kFlagTimedOut) {
-      lost |= wait_lost(ctx, s_masked, s);
-      return 0;
-    }
-    return static_cast<int>(min(n, static_cast<uint32_t>(num_tokens)));
-  };
-  const int block_experts =
-      static_cast<int>(blockIdx.x) < d.experts_per_rank
-          ? (d.experts_per_rank - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1
-          : 0;
-  const bool waited_at_once = block_experts * d.num_ranks <= kThreads;
-  if (waited_at_once && static_cast<int>(threadIdx.x) < block_experts * d.num_ranks) {
-    const int j = threadIdx.x / d.num_ranks, s = threadIdx.x % d.num_ranks;
-    s_arrived[threadIdx.x] = wait_rows(blockIdx.x + j * gridDim.x, s);
-  }
 
-  for (int le = blockIdx.x, j = 0; le < d.experts_per_rank; le += gridDim.x, ++j) {
-    for (int s = threadIdx.x; s < d.num_ranks; s += blockDim.x) {
-      // (s_arrived was written before this loop's first barrier below)
-      if (!waited_at_once) s_offset[s + 1] = wait_rows(le, s);
+  for (int g0 = 0; g0 < share.num_experts; g0 += group_size) {
+    const int group = min(group_size, share.num_experts - g0);
+    auto expert_of = [&](int j) { return share.first_expert + (g0 + j) * share.expert_stride; };
+    // Every (expert, source) flag of the group, one thread each: no expert
+    // waits for the one before.
+    for (int i = threadIdx.x; i < group * R; i += blockDim.x) {
+      const int j = i / R, s = i % R, le = expert_of(j);
+      const uint32_t n = ll_wait(ctx, s_masked, flags + static_cast<size_t>(le) * R + s, seq,
+                                 kOpLlDispatch, s, le);
+      if (n == kFlagTimedOut) lost |= wait_lost(ctx, s_masked, s);
+      s_offsets[j * (R + 1) + s + 1] =
+          n == kFlagTimedOut ? 0 : static_cast<int>(min(n, static_cast<uint32_t>(num_tokens)));
     }
     __syncthreads();
-    if (le == blockIdx.x) profile_waited(ctx, 1);
+    if (g0 == 0) profile_waited(ctx, 1);
+    for (int j = threadIdx.x; j < group; j += blockDim.x) {
+      int* offsets = s_offsets + j * (R + 1);
+      offsets[0] = 0;
+      for (int s = 0; s < R; ++s) offsets[s + 1] += offsets[s];
+      if (share.split == 0) out_count[expert_of(j)] = offsets[R];
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
-      s_offset[0] = 0;
-      for (int s = 0; s < d.num_ranks; ++s) {
-        s_offset[s + 1] = s_offset[s] + (waited_at_once ? s_arrived[j * d.num_ranks + s]
-                                                        : s_offset[s + 1]);
+      s_starts[0] = 0;
+      for (int j = 0; j < group; ++j) s_starts[j + 1] = s_starts[j] + s_offsets[j * (R + 1) + R];
+    }
+    // Rows past count: no source (-1), weight 0; shared by the splits.
+    for (int j = 0; j < group; ++j) {
+      const size_t base = static_cast<size_t>(expert_of(j)) * rows_per_expert;
+      for (int row = s_offsets[j * (R + 1) + R] + share.split * blockDim.x + threadIdx.x;
+           row < rows_per_expert; row += share.splits * blockDim.x) {
+        out_recv_src[base + row] = -1;
+        if (out_weights != nullptr) out_weights[base + row] = 0.0f;
       }
-      out_count[le] = s_offset[d.num_ranks];
     }
     __syncthreads();
-    const int total = s_offset[d.num_ranks];
-    int32_t* recv_src = out_recv_src + static_cast<size_t>(le) * rows_per_expert;
-    float* weights = out_weights != nullptr ? out_weights + static_cast<size_t>(le) * rows_per_expert
-                                            : nullptr;
-    for (int row = total + threadIdx.x; row < rows_per_expert; row += blockDim.x) {
-      recv_src[row] = -1;
-      if (weights != nullptr) weights[row] = 0.0f;
-    }
-    const char* expert_base =
-        recv_base + static_cast<size_t>(le) * d.num_ranks * d.ll_max_tokens * msg_bytes;
-    // One warp per output row; rows are in (source, slot) order.
-    for (int row = warp; row < total; row += num_warps) {
-      int s = 0, hi = d.num_ranks - 1;  // the last source whose rows start at or before `row`
+    // One warp per output row, over the group's rows flattened in (expert,
+    // source, slot) order.
+    const int group_rows = s_starts[group];
+    for (int f = share.split * num_warps + warp; f < group_rows; f += share.splits * num_warps) {
+      int j = 0, hi = group - 1;  // the last group expert whose rows start at or before f
+      while (j < hi) {
+        const int mid = (j + hi + 1) / 2;
+        if (s_starts[mid] <= f) j = mid; else hi = mid - 1;
+      }
+      const int le = expert_of(j), row = f - s_starts[j];
+      const int* offsets = s_offsets + j * (R + 1);
+      int s = 0;  // the last source whose rows start at or before `row`
+      hi = R - 1;
       while (s < hi) {
         const int mid = (s + hi + 1) / 2;
-        if (s_offset[mid] <= row) s = mid; else hi = mid - 1;
+        if (offsets[mid] <= row) s = mid; else hi = mid - 1;
       }
       const char* message =
-          expert_base + (static_cast<size_t>(s) * d.ll_max_tokens + (row - s_offset[s])) * msg_bytes;
+          recv_base + ((static_cast<size_t>(le) * R + s) * d.ll_max_tokens + (row - offsets[s])) *
+                          msg_bytes;
       // Every lane reads the header (one broadcast load): it says where the
       // payload is: in this slot (RDMA, y = 0), in the source's token row
       // (NVLink, y = 1) or in this call's x (the rank's own pairs, y = 2).
       const int4 header = ld_v4_no_alloc(reinterpret_cast<const int4*>(message), true);
       const int t = header.x;
       const bool known_token = t >= 0 && t < num_tokens;
-      if (lane == 0) {
-        recv_src[row] = known_token ? s * num_tokens + t : -1;
-        if (weights != nullptr) weights[row] = known_token ? __int_as_float(header.z) : 0.0f;
-      }
       const size_t out_row = static_cast<size_t>(le) * rows_per_expert + row;
+      if (lane == 0) {
+        out_recv_src[out_row] = known_token ? s * num_tokens + t : -1;
+        if (out_weights != nullptr) out_weights[out_row] = known_token ? __int_as_float(header.z) : 0.0f;
+      }
       if (kDirectSelf && header.y == 2 && s == d.rank && known_token) {
         const int4* source = reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * d.hidden);
         if constexpr (!kFp8) {
-          warp_copy<16>(reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(out_x) +
-                                                out_row * d.hidden),
-                        source, d.hidden / 8, lane);
+          warp_copy<kRowCopyUnroll>(reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(out_x) +
+                                                            out_row * d.hidden),
+                                    source, d.hidden / 8, lane);
         } else {
-          warp_quantize_row(reinterpret_cast<int4*>(static_cast<uint8_t*>(out_x) +
-                                                    out_row * d.hidden),
-                            out_scales + out_row * (d.hidden / 128), source, d.hidden, lane);
+          warp_quantize_row<7>(reinterpret_cast<int4*>(static_cast<uint8_t*>(out_x) +
+                                                       out_row * d.hidden),
+                               out_scales + out_row * (d.hidden / 128), source, d.hidden, lane);
         }
         continue;
       }
@@ -725,7 +764,7 @@ __device__ __forceinline__ bool dispatch_recv_part(const LlContext& ctx, uint32_
       }
       const int4* payload = reinterpret_cast<const int4*>(message + 16);
       if constexpr (!kFp8) {
-        warp_copy<16, /*kCoherent=*/true>(
+        warp_copy<kRowCopyUnroll, /*kCoherent=*/true>(
             reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(out_x) + out_row * d.hidden),
             payload, d.hidden / 8, lane);
       } else {
@@ -737,7 +776,7 @@ __device__ __forceinline__ bool dispatch_recv_part(const LlContext& ctx, uint32_
         for (int g = lane; g < d.hidden / 128; g += kWarpSize) scales_out[g] = scales[g];
       }
     }
-    __syncthreads();  // s_offset is rewritten for the next expert
+    __syncthreads();  // s_offsets and s_starts are rewritten for the next group
   }
   return __syncthreads_or(lost);
 }
