@@ -28,12 +28,12 @@
 //      once per owner rank, not once per expert, into r's
 //      dispatch_tokens[p][s][t], written by the token's first expert on r (in
 //      k order). This cuts the bytes on the link by the number of the token's
-//      experts per rank (about 4 at top-8 over 2 ranks). The one-call op's
-//      pairs on this rank itself (r = s) get only the header (t, 2, w): the
-//      receive part reads their payload from this call's x (quantizing it
-//      there with FP8, by the sender's formula), so they skip
-//      dispatch_tokens; the split send has no such reader and writes the
-//      payload as for NVLink. RDMA (one QP per
+//      experts per rank (about 4 at top-8 over 2 ranks). The one-call BF16
+//      op's pairs on this rank itself (r = s) get only the header (t, 2, w):
+//      the receive part reads their payload from this call's x, so they skip
+//      dispatch_tokens; the split send has no such reader and FP8 rows are
+//      quantized once per token by the sender, so those write the payload as
+//      for NVLink. RDMA (one QP per
 //      expert, so every pair carries its own data): the message
 //      [header (t, 0)][payload] is staged in dispatch_stage[t] and put on QP
 //      le (its puts are complete or queued on QP le before step 3); with
@@ -55,7 +55,7 @@
 //      sum_{s'<s} n_s': the contract's (source rank, source token) order.
 //      count[le] = sum n_s. A slot's header (t, where) says where its payload
 //      is: in the slot (where = 0), in dispatch_tokens[p][s][t] (where = 1)
-//      or in x[t] (where = 2, s = this rank, one-call op).
+//      or in x[t] (where = 2, s = this rank, one-call BF16 op).
 // combine send (on r):
 //   5. Row i < count[le] of expert le came from source s, token t (recv_src):
 //      y[le][i] goes to s's combine_recv[p][r*E_local+le][t], and/or the row's
@@ -265,9 +265,7 @@ __device__ __forceinline__ void publish_flag(const LlContext& ctx, uint64_t* fla
 // 16 channels (two int4 of bf16) -> 16 e4m3 bytes; *scale = the scale of their
 // 128-channel group, whose 8 pieces sit on 8 consecutive lanes (lane % 8 = the
 // piece's index in the group). All 32 lanes call it together: the group's
-// amax is a shuffle over its 8 lanes. The formula of jax_ep/fp8.py; the
-// sender and the receiver (rows a rank sends itself) both use it, so a row
-// has the same bits whichever side quantizes it.
+// amax is a shuffle over its 8 lanes. The formula of jax_ep/fp8.py.
 __device__ __forceinline__ int4 quantize_16(const int4 (&raw)[2], float* scale) {
   const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(raw);
   float f[16];
@@ -293,37 +291,6 @@ __device__ __forceinline__ int4 quantize_16(const int4 (&raw)[2], float* scale) 
   *scale = amax / kFp8Max;
   return make_int4(static_cast<int>(packed[0]), static_cast<int>(packed[1]),
                    static_cast<int>(packed[2]), static_cast<int>(packed[3]));
-}
-
-// Warp-collective: bf16 row `row` ([hidden]) -> e4m3 `out` and its float32
-// scales (one per 128 channels), as a sender would quantize it (quantize_16);
-// kBatch rounds of 32 pieces in flight per lane. `row` is read-only for the
-// whole kernel (the call's x).
-template <int kBatch = 4>
-__device__ __forceinline__ void warp_quantize_row(int4* out, float* scales_out, const int4* row,
-                                                  int hidden, int lane) {
-  const int num_tasks = hidden / 16;  // a multiple of 8: a group is all in or all out
-  for (int base = 0; base < num_tasks; base += kBatch * kWarpSize) {
-    int4 raw[kBatch][2];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int task = base + u * kWarpSize + lane;
-      const bool active = task < num_tasks;
-      raw[u][0] = active ? ld_v4_no_alloc(row + 2 * task, false) : make_int4(0, 0, 0, 0);
-      raw[u][1] = active ? ld_v4_no_alloc(row + 2 * task + 1, false) : make_int4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      if (base + u * kWarpSize >= num_tasks) break;  // warp-uniform
-      const int task = base + u * kWarpSize + lane;
-      float scale;
-      const int4 packed = quantize_16(raw[u], &scale);
-      if (task < num_tasks) {
-        st_na_v4(out + task, packed);
-        if (task % 8 == 0) scales_out[task / 8] = scale;
-      }
-    }
-  }
 }
 
 // A message is [16-byte header: token id][payload]: the bf16 row, or the fp8
@@ -406,9 +373,9 @@ size_t DispatchSendSmem(int num_tokens, const EpDims& d) {
                         2 * static_cast<size_t>(d.num_experts));
 }
 
-// kDirectSelf (one-call ops): the pairs this rank sends itself get only their
-// header (t, 2, w); the receive part reads their payload from x (and
-// quantizes it there with FP8), so no copy of it goes through dispatch_tokens.
+// kDirectSelf (one-call BF16 op): the pairs this rank sends itself get only
+// their header (t, 2, w); the receive part reads their payload from x, so no
+// copy of it goes through dispatch_tokens.
 template <bool kFp8, bool kDirectSelf>
 __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_t seq,
                                                    const LlDispatchArgs& args,
@@ -449,40 +416,51 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
     pieces = load_pieces<kFp8>(token_row(first_token), 0, d.hidden);
   }
 
-  // 1. Routing of all tokens: which (token, expert) pairs are sent, and counts.
-  //    The first kPrefetch entries per thread are loaded before the barrier.
-  constexpr int kPrefetch = 8;
-  const int num_entries = num_tokens * num_topk;
-  int prefetched[kPrefetch];
+  // 1. Routing of all tokens, one thread per token with its K entries in
+  //    registers (a token's repeats are found there, not by reloading them):
+  //    which (token, expert) pairs are sent, and counts. The thread's first
+  //    token's entries are loaded before the barrier.
+  const bool vector_idx =
+      num_topk % 4 == 0 && (reinterpret_cast<uintptr_t>(topk_idx) & 15u) == 0;
+  int entries[kMaxTopk];
+  auto load_entries = [&](int t) {
+    const int32_t* token_idx = topk_idx + static_cast<size_t>(t) * num_topk;
+    if (vector_idx) {
 #pragma unroll
-  for (int u = 0; u < kPrefetch; ++u) {
-    const int i = threadIdx.x + u * static_cast<int>(blockDim.x);
-    prefetched[u] = i < num_entries ? __ldg(topk_idx + i) : -1;
-  }
+      for (int q = 0; q < kMaxTopk / 4; ++q) {
+        const int4 four = 4 * q < num_topk ? __ldg(reinterpret_cast<const int4*>(token_idx) + q)
+                                           : make_int4(-1, -1, -1, -1);
+        entries[4 * q] = four.x;
+        entries[4 * q + 1] = four.y;
+        entries[4 * q + 2] = four.z;
+        entries[4 * q + 3] = four.w;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kMaxTopk; ++k) entries[k] = k < num_topk ? __ldg(token_idx + k) : -1;
+    }
+  };
+  if (static_cast<int>(threadIdx.x) < num_tokens) load_entries(threadIdx.x);
   for (int i = threadIdx.x; i < 2 * d.num_experts; i += blockDim.x) rows_per_expert[i] = 0;
   if (threadIdx.x == 0) s_invalid = 0;
   __syncthreads();
   int invalid = 0;
-  auto route_entry = [&](int i, int e) {
-    const int t = i / num_topk, k = i - t * num_topk;
-    invalid += (e < -1 || e >= d.num_experts) ? 1 : 0;
-    bool keep = valid_expert(e, d.num_experts) && masked[e / d.experts_per_rank] == 0;
-    if (keep) {
-      for (int j = 0; j < k; ++j) keep &= __ldg(topk_idx + t * num_topk + j) != e;
-    }
-    routing[i] = keep ? e : -1;
-    if (keep) {
-      atomicAdd(rows_per_expert + e, 1);
-      if (t < first_token) atomicAdd(rows_before + e, 1);
-    }
-  };
+  for (int t = threadIdx.x; t < num_tokens; t += blockDim.x) {
+    if (t != static_cast<int>(threadIdx.x)) load_entries(t);
 #pragma unroll
-  for (int u = 0; u < kPrefetch; ++u) {
-    const int i = threadIdx.x + u * static_cast<int>(blockDim.x);
-    if (i < num_entries) route_entry(i, prefetched[u]);
-  }
-  for (int i = threadIdx.x + kPrefetch * blockDim.x; i < num_entries; i += blockDim.x) {
-    route_entry(i, __ldg(topk_idx + i));
+    for (int k = 0; k < kMaxTopk; ++k) {
+      if (k >= num_topk) break;
+      const int e = entries[k];
+      invalid += (e < -1 || e >= d.num_experts) ? 1 : 0;
+      bool keep = valid_expert(e, d.num_experts) && masked[e / d.experts_per_rank] == 0;
+#pragma unroll
+      for (int j = 0; j < k; ++j) keep &= entries[j] != e;
+      routing[static_cast<size_t>(t) * num_topk + k] = keep ? e : -1;
+      if (keep) {
+        atomicAdd(rows_per_expert + e, 1);
+        if (t < first_token) atomicAdd(rows_before + e, 1);
+      }
+    }
   }
   if (blockIdx.x == 0 && invalid != 0) atomicAdd(&s_invalid, invalid);
   __syncthreads();
@@ -745,17 +723,11 @@ __device__ __forceinline__ bool dispatch_recv_part(const LlContext& ctx, uint32_
         out_recv_src[out_row] = known_token ? s * num_tokens + t : -1;
         if (out_weights != nullptr) out_weights[out_row] = known_token ? __int_as_float(header.z) : 0.0f;
       }
-      if (kDirectSelf && header.y == 2 && s == d.rank && known_token) {
-        const int4* source = reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * d.hidden);
-        if constexpr (!kFp8) {
-          warp_copy<kRowCopyUnroll>(reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(out_x) +
-                                                            out_row * d.hidden),
-                                    source, d.hidden / 8, lane);
-        } else {
-          warp_quantize_row<7>(reinterpret_cast<int4*>(static_cast<uint8_t*>(out_x) +
-                                                       out_row * d.hidden),
-                               out_scales + out_row * (d.hidden / 128), source, d.hidden, lane);
-        }
+      if (!kFp8 && kDirectSelf && header.y == 2 && s == d.rank && known_token) {
+        warp_copy<kRowCopyUnroll>(
+            reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(out_x) + out_row * d.hidden),
+            reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * d.hidden), d.hidden / 8,
+            lane);
         continue;
       }
       if (header.y != 0) {  // a bad token index reads token 0's row: in bounds, marked -1
@@ -788,7 +760,10 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
   extern __shared__ int smem[];
   __shared__ int s_masked[kMaxRanks];
   constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
-  constexpr bool kDirectSelf = kSend && kRecv;
+  // BF16 only: an FP8 row would be quantized once per pair by the receiver
+  // instead of once per token by the sender (slower: 2026-12-01,
+  // docs/benchmarks.md "What was tried").
+  constexpr bool kDirectSelf = kSend && kRecv && !kFp8;
   DeviceCounters* counters = ctx.counters;
   const uint32_t seq = call_seq<kSend>(&counters->ll_dispatch_seq, args.ticket_in);
   // A fault recorded before this call voids it too (its waits may have given
@@ -1000,7 +975,7 @@ __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t
     }
     // kVecs vectors x kBatch experts of loads in flight per thread, then
     // summed in k order (the oracle's order, so results match it bit for bit).
-    constexpr int kVecs = 2;
+    constexpr int kVecs = 4;  // 1024 vectors per round: a hidden-7168 row in one
     constexpr int kBatch = 8;
     for (int v0 = threadIdx.x; v0 < num_vec; v0 += kVecs * blockDim.x) {
       float acc[kVecs][8];
