@@ -437,7 +437,11 @@ __host__ __device__ constexpr int publish_tokens(size_t row_bytes) {
 }
 static_assert(publish_tokens(7168 * 2) == 4 && publish_tokens(7168) == 8, "see above");
 
-template <bool kHasScales>
+// kSingleRank (one rank): every row goes to this rank's own outputs, so
+// nothing is published and the registers of the held chunks go to a deeper
+// BF16 load batch (16 vectors per lane instead of 8: at EP1 the copy is bound
+// by the loads in flight per SM, not by a link).
+template <bool kHasScales, bool kSingleRank>
 __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const HtDispatchArgs& args,
                                                    int send_block, int num_send_blocks,
                                                    int* s_tpe, const int* s_row_offset,
@@ -454,7 +458,9 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   const ExpertRank rank_of(d.experts_per_rank);
   // 16-byte vectors per lane per load batch (16 was measured no faster for
   // BF16 and slower for FP8 on 2x H200, 2026-11-30, docs/benchmarks.md).
-  constexpr int kUnroll = 8;
+  // FP8 rows (7 KB at hidden 7168) fit one batch of 16 anyway, and at 16
+  // the scales' registers spill.
+  constexpr int kUnroll = kSingleRank && !kHasScales ? 16 : 8;
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
     const bool self = r == d.rank;
@@ -538,6 +544,7 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
         static_cast<int32_t*>(transport::peer_ptr(b.recv_src, r))[row] = t;
       }
     }
+    if constexpr (kSingleRank) continue;
     // Publication, every kPublishTokens tokens of the warp (and after its
     // last): lane r adds the rows stored for peer r since the last one to
     // their chunks' counters, behind one fence (the release pattern: the fence
@@ -697,7 +704,7 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
   return waited_ns;
 }
 
-template <bool kHasScales>
+template <bool kHasScales, bool kSingleRank>
 __global__ void __launch_bounds__(kThreads, 1)
     ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks) {
   extern __shared__ __align__(16) uint8_t s_send_plan[];  // senders: dispatch_smem_bytes()
@@ -752,8 +759,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kept = min(received, args.capacity);
   uint64_t waited_ns = 0;  // thread 0 of a receiver block (profiling)
   if (sender) {
-    dispatch_send_role<kHasScales>(ctx, args, blockIdx.x, num_send_blocks, s_tpe, s_row_offset,
-                                   s_mask, s_tile_base);
+    dispatch_send_role<kHasScales, kSingleRank>(ctx, args, blockIdx.x, num_send_blocks, s_tpe,
+                                                s_row_offset, s_mask, s_tile_base);
     __syncthreads();
     ht_profile_role_end(ctx, kProfDispatchSend);
   }
@@ -889,13 +896,16 @@ __device__ __forceinline__ const int4* combine_source(const HtContext& ctx,
       (static_cast<size_t>(r) * ctx.dims.max_tokens + t) * static_cast<size_t>(ctx.dims.hidden) * 2);
 }
 
-// kTwoSources (R <= 2): both ranks' loads are in flight together and summed
+// kSources = 2 (R = 2): both ranks' loads are in flight together and summed
 // without an accumulator array, which leaves registers for twice the bytes in
 // flight per SM (the sum is bound by load latency, by Little's law: about
-// 64 KB in flight per SM gave 1.5 TB/s at 24 SMs). Sums run in rank order from
-// 0.0f either way, so both paths give the same bits. A token whose rows did not
-// all arrive (a peer's flag timed out, or the dispatch itself faulted) gets NaN.
-template <typename T, bool kTwoSources>
+// 64 KB in flight per SM gave 1.5 TB/s at 24 SMs). kSources = 1 (R = 1): the
+// rank's own rows only, those registers as one load batch twice as deep, and
+// no flag to wait for (nothing is sent: LaunchCombinePass skips
+// ht_combine_send). kSources = 0: any R. Sums run in rank order from 0.0f in
+// every path, so all give the same bits. A token whose rows did not all
+// arrive (a peer's flag timed out, or the dispatch itself faulted) gets NaN.
+template <typename T, int kSources>
 __global__ void __launch_bounds__(kThreads, 1)
     ht_combine_recv(HtContext ctx, HtCombineArgs args, CombinePass pass) {
   using E = RowElements<T>;
@@ -908,7 +918,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   ht_profile_start(ctx, kProfCombineRecv);
   if (threadIdx.x == 0) s_lost = *args.num_tokens < 0 ? 0xffffffffu : 0u;
   __syncthreads();
-  for (int r = threadIdx.x; r < R; r += blockDim.x) {
+  for (int r = threadIdx.x; kSources != 1 && r < R; r += blockDim.x) {
     if (wait_flag(flags + r, seq, ctx.timeout_ns, ctx.status, kOpHtCombine, r, 0) ==
         kFlagTimedOut) {
       atomicOr(&s_lost, 1u << r);
@@ -939,7 +949,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int v = lane; v < num_vec; v += kWarpSize) out_row[v] = nan;
       continue;
     }
-    if constexpr (kTwoSources) {
+    if constexpr (kSources == 1) {
+      constexpr int kOneBatch = 2 * kBatch;
+      const int4* src = combine_source(ctx, args, pass, recv_base,
+                                       __shfl_sync(0xffffffffu, my_row, 0), 0, t, valid);
+      for (int base = 0; base < num_vec; base += kOneBatch * kWarpSize) {
+        int4 raw[kOneBatch];
+        if (src != nullptr) warp_load_batch(raw, src, base, num_vec, lane);  // y: read-only
+#pragma unroll
+        for (int u = 0; u < kOneBatch; ++u) {
+          const int v = base + u * kWarpSize + lane;
+          if (v >= num_vec) continue;
+          int4 packed;
+#pragma unroll
+          for (int j = 0; j < E::kPerVector; ++j) {
+            float sum = 0.0f;
+            if (src != nullptr) sum += E::get(raw[u], j);
+            E::set(packed, j, sum);
+          }
+          out_row[v] = packed;
+        }
+      }
+    } else if constexpr (kSources == 2) {
       const int4* src0 = combine_source(ctx, args, pass, recv_base,
                                         __shfl_sync(0xffffffffu, my_row, 0), 0, t, valid);
       const int4* src1 =
@@ -1009,11 +1040,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename T>
 void LaunchCombinePass(const HtContext& ctx, const HtCombineArgs& args, const CombinePass& pass,
                        int grid, cudaStream_t stream) {
+  if (ctx.dims.num_ranks == 1) {  // nothing to send: every row is this rank's own
+    ht_combine_recv<T, 1><<<grid, kThreads, 0, stream>>>(ctx, args, pass);
+    return;
+  }
   ht_combine_send<<<grid, kThreads, 0, stream>>>(ctx, args, pass);
-  if (ctx.dims.num_ranks <= 2) {
-    ht_combine_recv<T, true><<<grid, kThreads, 0, stream>>>(ctx, args, pass);
+  if (ctx.dims.num_ranks == 2) {
+    ht_combine_recv<T, 2><<<grid, kThreads, 0, stream>>>(ctx, args, pass);
   } else {
-    ht_combine_recv<T, false><<<grid, kThreads, 0, stream>>>(ctx, args, pass);
+    ht_combine_recv<T, 0><<<grid, kThreads, 0, stream>>>(ctx, args, pass);
   }
 }
 
@@ -1039,11 +1074,10 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
       smem > kDispatchMaxSmem) {
     return cudaErrorInvalidValue;
   }
-  if (args.scales != nullptr) {
-    ht_dispatch<true><<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks);
-  } else {
-    ht_dispatch<false><<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks);
-  }
+  const bool single_rank = ctx.dims.num_ranks == 1;
+  auto kernel = args.scales != nullptr ? (single_rank ? ht_dispatch<true, true> : ht_dispatch<true, false>)
+                                       : (single_rank ? ht_dispatch<false, true> : ht_dispatch<false, false>);
+  kernel<<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks);
   return cudaGetLastError();
 }
 
@@ -1071,22 +1105,27 @@ cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cud
 
 cudaError_t PrepareHtKernels() {
   cudaFuncAttributes attrs;
-  cudaError_t err = cudaFuncSetAttribute(
-      ht_dispatch<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(kDispatchMaxSmem));
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(ht_dispatch<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(kDispatchMaxSmem));
+  cudaError_t err = cudaSuccess;
+  for (const void* kernel : {reinterpret_cast<const void*>(ht_dispatch<true, false>),
+                             reinterpret_cast<const void*>(ht_dispatch<false, false>),
+                             reinterpret_cast<const void*>(ht_dispatch<true, true>),
+                             reinterpret_cast<const void*>(ht_dispatch<false, true>)}) {
+    if (err == cudaSuccess) {
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(kDispatchMaxSmem));
+    }
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, kernel);
   }
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<true>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_dispatch<false>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_send);
-  for (const void* kernel : {reinterpret_cast<const void*>(ht_combine_recv<__nv_bfloat16, true>),
-                             reinterpret_cast<const void*>(ht_combine_recv<__nv_bfloat16, false>),
-                             reinterpret_cast<const void*>(ht_combine_recv<__half, true>),
-                             reinterpret_cast<const void*>(ht_combine_recv<__half, false>),
-                             reinterpret_cast<const void*>(ht_combine_recv<float, true>),
-                             reinterpret_cast<const void*>(ht_combine_recv<float, false>)}) {
+  for (const void* kernel : {reinterpret_cast<const void*>(ht_combine_recv<__nv_bfloat16, 1>),
+                             reinterpret_cast<const void*>(ht_combine_recv<__nv_bfloat16, 2>),
+                             reinterpret_cast<const void*>(ht_combine_recv<__nv_bfloat16, 0>),
+                             reinterpret_cast<const void*>(ht_combine_recv<__half, 1>),
+                             reinterpret_cast<const void*>(ht_combine_recv<__half, 2>),
+                             reinterpret_cast<const void*>(ht_combine_recv<__half, 0>),
+                             reinterpret_cast<const void*>(ht_combine_recv<float, 1>),
+                             reinterpret_cast<const void*>(ht_combine_recv<float, 2>),
+                             reinterpret_cast<const void*>(ht_combine_recv<float, 0>)}) {
     if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, kernel);
   }
   return err;
