@@ -23,7 +23,9 @@
 #                 (runs last: it replaces the build)
 #       example   examples/moe_layer.py and examples/readme_use.py in one process
 #       ep1bench  jax_ep.bench --mode ht --layouts and --mode ll in one process
-#                 alone on the GPU (EP1: these times are speeds)
+#                 alone on the GPU (EP1: these times are speeds); EP1_BENCH_MODES
+#                 (default "ht ll") and EP1_BENCH_RUNS (default 1; more: their
+#                 medians by python -m jax_ep.bench.medians)
 #       nvshmem4py nvshmem4py starts NVSHMEM, jax_ep joins it (tests/gpu_nvshmem4py;
 #                 needs the nvshmem4py-cu13, cuda-core, cuda-bindings and
 #                 cuda-pathfinder wheels carried in .whl)
