@@ -76,7 +76,9 @@
 // call's results are void, so they are marked: a dispatch receive block whose
 // wait lost rows (or block 0, when a fault was recorded before the call) sets
 // counters->ll_dispatch_lost; the last block then writes count = -1 for every
-// local expert (the combine then sends nothing for them) and resets the word.
+// local expert (the combine then sends nothing for them) and resets the word;
+// so it does when it records a protocol fault itself (a one-call dispatch
+// while a split send awaits its receive).
 // A combine writes NaN for every token (and pair value) whose expert's flag
 // never came. Masked ranks are not a fault: they just contribute nothing.
 //
@@ -788,9 +790,14 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
                                         &counters->ll_dispatch_outstanding,
                                         &counters->ll_dispatch_seq, args.ticket_out,
                                         kOpLlDispatch, 0);
-  if (kRecv && last && counters->ll_dispatch_lost != 0u) {
-    // A wait of this call gave up, or an earlier call faulted: rows are
-    // missing. Counts that cannot be real say so (combine sends nothing for them).
+  // A one-call dispatch while a split send awaits its receive: finish_call
+  // recorded a protocol fault, and the sequence numbers of this call are not
+  // the peers'.
+  const bool protocol_fault = kSend && kRecv && last && counters->ll_dispatch_outstanding != 0u;
+  if (kRecv && last && (counters->ll_dispatch_lost != 0u || protocol_fault)) {
+    // A wait of this call gave up, an earlier call faulted, or this one broke
+    // the pairing: rows are missing or foreign. Counts that cannot be real say
+    // so (combine sends nothing for them).
     counters->ll_dispatch_lost = 0u;
     for (int le = 0; le < ctx.dims.experts_per_rank; ++le) args.out_count[le] = -1;
   }
