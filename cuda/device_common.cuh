@@ -33,6 +33,11 @@ __device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* ptr) {
   return value;
 }
 
+// A flag's acquire at the narrowest scope that covers its writers.
+__device__ __forceinline__ uint64_t ld_acquire_flag(const uint64_t* ptr, bool gpu_scope) {
+  return gpu_scope ? ld_acquire_gpu(ptr) : ld_acquire_sys(ptr);
+}
+
 __device__ __forceinline__ uint32_t ld_acquire_sys_u32(const uint32_t* ptr) {
   uint32_t value;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(ptr) : "memory");
@@ -231,7 +236,7 @@ __device__ __forceinline__ uint32_t wait_flag(const uint64_t* flag, uint32_t seq
   uint64_t value = 0;
   const bool arrived = bounded_wait(
       [&] {
-        value = gpu_scope ? ld_acquire_gpu(flag) : ld_acquire_sys(flag);
+        value = ld_acquire_flag(flag, gpu_scope);
         return flag_seq(value) == seq;
       },
       timeout_ns, status, op, peer, detail);

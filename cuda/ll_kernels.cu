@@ -240,7 +240,7 @@ __device__ __forceinline__ uint32_t ll_wait(const LlContext& ctx, const int* s_m
   uint64_t value = 0;
   const bool arrived = bounded_wait(
       [&] {
-        value = own ? ld_acquire_gpu(flag) : ld_acquire_sys(flag);
+        value = ld_acquire_flag(flag, own);
         return flag_seq(value) == seq || rank_masked(ctx, peer);
       },
       ctx.timeout_ns, ctx.status, mask_peer);
