@@ -81,8 +81,8 @@ def _reset_fault_status():
     assert status["ok"], f"a jax_ep kernel recorded a fault: {status}"
 
 
-def pytest_sessionfinish(session, exitstatus):
-  """Every rank finalises (collective) once all tests ran."""
-  del session, exitstatus
+def pytest_unconfigure(config):
+  """Every rank finalises (collective) once all tests ran and were reported."""
+  del config
   if not _SKIP:
     jax_ep.finalize()
