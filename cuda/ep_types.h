@@ -151,6 +151,7 @@ struct LlContext {
   DeviceCounters* counters;     // device memory
   DeviceStatus* status;         // host-mapped
   int32_t* slot_counters;       // [E] device memory, zero between calls
+  uint32_t* rank_counters;      // [R] device memory, zero between calls (pre-summed combine)
   const int* qp_handles;        // [E_local] device memory (RDMA QP per local expert) or null
   DeviceProfile* profile;       // device memory, or null (profiling off)
   // LL rank mask, [kMaxMaskedRanks], 1 = masked: skipped by the LL kernels.

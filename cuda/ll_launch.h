@@ -49,7 +49,10 @@ struct LlCombineArgs {
   const int32_t* recv_src;     // [E_local, R*T_ll] from the dispatch
   const int32_t* count;        // [E_local] from the dispatch
   const int32_t* topk_idx;     // [T, K] the dispatch's routing
-  const float* topk_weights;   // [T, K] (used with y)
+  const float* topk_weights;   // [T, K] (used with y; not by the pre-summed combine)
+  // [E_local, R*T_ll] the pre-summed combine's weight of each row (the
+  // dispatch's LlDispatchArgs::out_weights); send part only.
+  const float* row_weights;
   int num_tokens;              // T of the dispatch
   uint32_t* ticket_out;
   const uint32_t* ticket_in;
@@ -67,6 +70,16 @@ cudaError_t LaunchLlDispatch(const LlContext& ctx, const LlDispatchArgs& args, L
 cudaError_t LaunchLlCombine(const LlContext& ctx, const LlCombineArgs& args, LlParts parts,
                             cudaStream_t stream);
 
+// The combine pre-summed per rank (ll_presummed_kernels.cu): the weights came
+// with the dispatch, so each rank returns one row per (source token, rank):
+// out[t] = bf16(sum over the ranks r holding t's experts, in rank order, in
+// fp32, of p_r[t]), p_r[t] = bf16(sum over t's rows on r in ascending local
+// expert, in fp32, of row_weights * y row). Uses y, row_weights, recv_src,
+// count (send part), topk_idx, out (receive part) and the tickets; no
+// row_values or pair values.
+cudaError_t LaunchLlCombinePresummed(const LlContext& ctx, const LlCombineArgs& args,
+                                     LlParts parts, cudaStream_t stream);
+
 // Dynamic shared memory the dispatch send part needs for num_tokens tokens, and
 // the most a kernel may use (larger batches are refused: use the HT ops).
 size_t LlDispatchSmemBytes(int num_tokens, const EpDims& dims);
@@ -74,6 +87,7 @@ size_t LlMaxDynamicSmemBytes();
 
 // Loads the LL kernels and sets their attributes (call once at initialisation).
 cudaError_t PrepareLlKernels();
+cudaError_t PrepareLlPresummedKernels();
 
 }  // namespace jax_ep::cuda
 

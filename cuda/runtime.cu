@@ -42,6 +42,13 @@ std::string CudaError(const char* what, cudaError_t err) {
   return std::string("jax_ep CUDA runtime: ") + what + " failed: " + cudaGetErrorString(err);
 }
 
+// The LL kernels' arrival counters, device memory, zero between calls: [E]
+// for the dispatch (LlContext::slot_counters), then [R] for the pre-summed
+// combine (LlContext::rank_counters).
+size_t SlotCounterBytes(const EpDims& dims) {
+  return sizeof(int32_t) * (std::max(dims.num_experts, 1) + std::max(dims.num_ranks, 1));
+}
+
 std::string GiB(size_t bytes) {
   char text[32];
   snprintf(text, sizeof(text), "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
@@ -228,6 +235,7 @@ std::string Runtime::Init(int pe, int npes, const std::string& uid, int device) 
   if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void**>(&barrier_result_), sizeof(int32_t));
   if (err != cudaSuccess) return CudaError("setting up the bounded barrier", err);
   err = PrepareLlKernels();
+  if (err == cudaSuccess) err = PrepareLlPresummedKernels();
   if (err == cudaSuccess) err = PrepareHtKernels();
   if (err != cudaSuccess) return CudaError("loading the kernels", err);
   err = cudaDeviceSynchronize();
@@ -305,12 +313,9 @@ std::string Runtime::Allocate(const EpDims& dims, const std::vector<int>& group_
   }
   err = cudaMemset(base_, 0, layout.total);
   if (err == cudaSuccess) {
-    err = cudaMalloc(reinterpret_cast<void**>(&slot_counters_),
-                     sizeof(int32_t) * std::max(dims.num_experts, 1));
+    err = cudaMalloc(reinterpret_cast<void**>(&slot_counters_), SlotCounterBytes(dims));
   }
-  if (err == cudaSuccess) {
-    err = cudaMemset(slot_counters_, 0, sizeof(int32_t) * std::max(dims.num_experts, 1));
-  }
+  if (err == cudaSuccess) err = cudaMemset(slot_counters_, 0, SlotCounterBytes(dims));
   if (err != cudaSuccess) return CudaError("clearing the symmetric buffers", err);
 #if JAX_EP_HAVE_QP_API
   if (low_latency && rdma_staging) {
@@ -343,6 +348,7 @@ std::string Runtime::Allocate(const EpDims& dims, const std::vector<int>& group_
   ll_.counters = counters_;
   ll_.status = status_device_;
   ll_.slot_counters = slot_counters_;
+  ll_.rank_counters = reinterpret_cast<uint32_t*>(slot_counters_ + std::max(dims.num_experts, 1));
   ll_.qp_handles = qp_handles_;
   ll_.profile = profile_;
   ll_.masked = masked_device_;

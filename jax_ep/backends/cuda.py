@@ -363,27 +363,59 @@ class CudaBackend(XlaBackend):
         result, weights=row_weights,
         handle=dataclasses.replace(result.handle, row_weights=row_weights))
 
-  # The LL combine kernel sends one row per (token, expert) and applies the
-  # weights at the source; sending one pre-summed row per (token, rank) needs
-  # another kernel, not built yet.
-  _PRESUM_REASON = ("the weights came with the dispatch, and the LL combine kernel does not "
-                    "pre-sum a token's rows per rank yet")
-  _PRESUM_FIX = ("pass topk_weights to low_latency_combine instead of low_latency_dispatch "
-                 "(the kernels then apply them at the source)")
-
   def ll_combine_presummed(self, rows: jax.Array, topk_idx: jax.Array,
                            handle: LowLatencyHandle) -> jax.Array:
-    require_low_latency(handle.config, "low_latency_combine")
-    portable_fallback("low_latency_combine", handle.config, self._PRESUM_REASON,
-                      self._PRESUM_FIX)
-    return super().ll_combine_presummed(rows, topk_idx, handle)
+    """One kernel (cuda/ll_presummed_kernels.cu): each rank returns one row per
+    (token, rank), its rows' weights applied on the expert side."""
+    config = handle.config
+    require_low_latency(config, "low_latency_combine")
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    why = self._combine_rows_unsupported(rows, handle.num_tokens, config, num_ranks)
+    if why is not None:
+      portable_fallback("low_latency_combine", config, *why)
+      return super().ll_combine_presummed(rows, topk_idx, handle)
+    experts_per_rank = config.experts_per_rank(num_ranks)
+    out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, topk_idx)
+    no_pair_values = result_type((topk_idx.shape[0], 0), F32, topk_idx)
+    result, _ = _call("jax_ep_ll_combine", (out, no_pair_values), rows,
+                      jnp.zeros((experts_per_rank, 0), F32), handle.row_weights.astype(F32),
+                      handle.recv_src, handle.count, topk_idx,
+                      jnp.zeros((topk_idx.shape[0], 0), F32),
+                      config=config_attr(config, num_ranks))
+    return result
 
   def ll_combine_presummed_send(self, rows: jax.Array,
                                 handle: LowLatencyHandle) -> LowLatencySent:
-    require_low_latency(handle.config, "low_latency_combine_send")
-    portable_fallback("low_latency_combine_send", handle.config, self._PRESUM_REASON,
-                      self._PRESUM_FIX)
-    return super().ll_combine_presummed_send(rows, handle)
+    config = handle.config
+    require_low_latency(config, "low_latency_combine_send")
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    why = self._combine_rows_unsupported(rows, handle.num_tokens, config, num_ranks)
+    if why is not None:
+      portable_fallback("low_latency_combine_send", config, *why)
+      return super().ll_combine_presummed_send(rows, handle)
+    ticket = _call("jax_ep_ll_combine_send", result_type((), I32, rows), rows,
+                   handle.row_weights.astype(F32), handle.recv_src, handle.count,
+                   num_tokens=np.int64(handle.num_tokens), config=config_attr(config, num_ranks))
+    return LowLatencySent(path="kernel", payload=ticket)
+
+  def ll_combine_presummed_recv(self, sent: LowLatencySent, topk_idx: jax.Array,
+                                handle: LowLatencyHandle) -> jax.Array:
+    if sent.path == "portable":
+      return super().ll_combine_presummed_recv(sent, topk_idx, handle)
+    config = handle.config
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, topk_idx)
+    return _call("jax_ep_ll_combine_recv", out, sent.payload, topk_idx,
+                 jnp.zeros((topk_idx.shape[0], 0), F32), config=config_attr(config, num_ranks))
+
+  @staticmethod
+  def _combine_rows_unsupported(rows: jax.Array, num_tokens: int, config: EpConfig,
+                                num_ranks: int) -> tuple[str, str] | None:
+    """(reason, fix) when the LL combine kernels cannot take these rows, else None."""
+    why = ll_unsupported(rows.dtype, num_tokens, config, num_ranks)
+    if why is None and rows.ndim != 3:
+      why = (f"rows of shape {rows.shape}", "combine [E_local, R*T_ll, H] rows")
+    return why
 
   def _ll_dispatch_kernel(self, x, topk_idx, topk_weights, config: EpConfig, use_fp8: bool,
                           num_ranks: int, live: tuple[bool, ...]):
@@ -420,9 +452,7 @@ class CudaBackend(XlaBackend):
     config = handle.config
     require_low_latency(config, "low_latency_combine")
     num_ranks = jax.lax.axis_size(config.axis_name)
-    why = ll_unsupported(rows.dtype, topk_idx.shape[0], config, num_ranks)
-    if why is None and rows.ndim != 3:
-      why = (f"rows of shape {rows.shape}", "combine [E_local, R*T_ll, H] rows")
+    why = self._combine_rows_unsupported(rows, topk_idx.shape[0], config, num_ranks)
     if why is not None:
       portable_fallback("low_latency_combine", config, *why)
       return super().ll_combine(rows, topk_idx, topk_weights, handle)
@@ -457,59 +487,71 @@ class CudaBackend(XlaBackend):
     results = (result_type((num_tokens, rows.shape[2]), jnp.bfloat16, like),
                result_type((num_tokens, config.num_topk if row_values.shape[1] else 0), F32,
                            like))
-    return _call("jax_ep_ll_combine", results, rows, row_values, handle.recv_src, handle.count,
-                 topk_idx, topk_weights.astype(F32), config=config_attr(config, num_ranks))
+    no_row_weights = jnp.zeros((experts_per_rank, 0), F32)
+    return _call("jax_ep_ll_combine", results, rows, row_values, no_row_weights, handle.recv_src,
+                 handle.count, topk_idx, topk_weights.astype(F32),
+                 config=config_attr(config, num_ranks))
 
   # ---------------------------------------------------------------- LL, split for overlap
+  # The kernel path's sends: "kernel", or "kernel_weights" when the pairs carry
+  # topk_weights (the recv then returns the rows' weights too).
+  _KERNEL_PATHS = ("kernel", "kernel_weights")
+
   def ll_dispatch_send(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig,
                        use_fp8: bool, live: tuple[bool, ...] = (),
                        topk_weights: jax.Array | None = None) -> LowLatencySent:
-    """Starts an LL dispatch; the kernel path hands (num_invalid, ticket) to the recv."""
+    """Starts an LL dispatch; the kernel path hands (num_invalid, ticket) to the
+    recv; with topk_weights each pair's weight travels in its header."""
     require_low_latency(config, "low_latency_dispatch_send")
     num_ranks = jax.lax.axis_size(config.axis_name)
     why = ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True)
-    if why is None and topk_weights is not None:
-      why = ("topk_weights: the split dispatch kernels do not carry the weights yet",
-             "use the one-call low_latency_dispatch with topk_weights, or pass topk_weights to "
-             "the combine")
     if why is not None:
       portable_fallback("low_latency_dispatch_send", config, *why)
       return super().ll_dispatch_send(x, topk_idx, config, use_fp8, live, topk_weights)
     if config.debug_checks:
       self.layout(topk_idx, config)
+    with_weights = topk_weights is not None
+    weights_in = (topk_weights.astype(F32) if with_weights
+                  else jnp.zeros((x.shape[0], 0), F32))
     sent = _call("jax_ep_ll_dispatch_send", (result_type((), I32, x), result_type((), I32, x)),
-                 x, topk_idx, use_fp8=bool(use_fp8), config=config_attr(config, num_ranks))
-    return LowLatencySent(path="kernel", payload=tuple(sent))
+                 x, topk_idx, weights_in, use_fp8=bool(use_fp8),
+                 config=config_attr(config, num_ranks))
+    return LowLatencySent(path=self._KERNEL_PATHS[with_weights], payload=tuple(sent))
 
   def ll_dispatch_recv(self, sent: LowLatencySent, config: EpConfig, use_fp8: bool,
                        num_tokens: int, live: tuple[bool, ...] = ()) -> LowLatencyDispatchResult:
     """Finishes an LL dispatch on the path its send took."""
-    if sent.path == "portable":
+    if sent.path not in self._KERNEL_PATHS:
       return super().ll_dispatch_recv(sent, config, use_fp8, num_tokens, live)
+    with_weights = sent.path == "kernel_weights"
     num_invalid, ticket = sent.payload
     num_ranks = jax.lax.axis_size(config.axis_name)
-    out, scales, count, recv_src = _call(
-        "jax_ep_ll_dispatch_recv", self._recv_results(config, num_ranks, use_fp8, ticket), ticket,
-        use_fp8=bool(use_fp8), num_tokens=np.int64(num_tokens),
-        config=config_attr(config, num_ranks))
+    rows = num_ranks * config.ll_max_tokens
+    results = self._recv_results(config, num_ranks, use_fp8, ticket) + (
+        result_type((config.experts_per_rank(num_ranks), rows if with_weights else 0), F32,
+                    ticket),)
+    out, scales, count, recv_src, row_weights = _call(
+        "jax_ep_ll_dispatch_recv", results, ticket, use_fp8=bool(use_fp8),
+        num_tokens=np.int64(num_tokens), config=config_attr(config, num_ranks))
     handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config,
-                              num_tokens=num_tokens, live=live)
+                              num_tokens=num_tokens, live=live,
+                              row_weights=row_weights if with_weights else None)
     return LowLatencyDispatchResult(x=out, scales=scales if use_fp8 else None, count=count,
-                                    num_invalid=num_invalid, handle=handle)
+                                    num_invalid=num_invalid, handle=handle,
+                                    weights=row_weights if with_weights else None)
 
   def ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle) -> LowLatencySent:
     """Starts an LL combine; the kernel path hands its ticket to the recv."""
     config = handle.config
     require_low_latency(config, "low_latency_combine_send")
     num_ranks = jax.lax.axis_size(config.axis_name)
-    why = ll_unsupported(rows.dtype, handle.num_tokens, config, num_ranks)
-    if why is None and rows.ndim != 3:
-      why = (f"rows of shape {rows.shape}", "combine [E_local, R*T_ll, H] rows")
+    why = self._combine_rows_unsupported(rows, handle.num_tokens, config, num_ranks)
     if why is not None:
       portable_fallback("low_latency_combine_send", config, *why)
       return super().ll_combine_send(rows, handle)
-    ticket = _call("jax_ep_ll_combine_send", result_type((), I32, rows), rows, handle.recv_src,
-                   handle.count, num_tokens=np.int64(handle.num_tokens),
+    no_row_weights = jnp.zeros((config.experts_per_rank(num_ranks), 0), F32)
+    ticket = _call("jax_ep_ll_combine_send", result_type((), I32, rows), rows, no_row_weights,
+                   handle.recv_src, handle.count, num_tokens=np.int64(handle.num_tokens),
                    config=config_attr(config, num_ranks))
     return LowLatencySent(path="kernel", payload=ticket)
 

@@ -72,8 +72,10 @@ def test_low_latency_ops_lower_to_the_cuda_targets(use_fp8):
   assert "(tensor<8x256xbf16>, tensor<8x4xi32>, tensor<8x0xf32>) ->" in calls[0], calls[0]
   assert f"-> (tensor<8x16x256x{x_type}>, {scales}, tensor<8xi32>, tensor<8x16xi32>, " \
          "tensor<8x0xf32>, tensor<i32>)" in calls[0], calls[0]
-  # The combine's operands: rows, no row values, recv_src, count, topk_idx, topk_weights.
-  assert ("(tensor<8x16x256xbf16>, tensor<8x0xf32>, tensor<8x16xi32>, tensor<8xi32>, "
+  # The combine's operands: rows, no row values, no row weights, recv_src, count, topk_idx,
+  # topk_weights.
+  assert ("(tensor<8x16x256xbf16>, tensor<8x0xf32>, tensor<8x0xf32>, tensor<8x16xi32>, "
+          "tensor<8xi32>, "
           "tensor<8x4xi32>, tensor<8x4xf32>) -> (tensor<8x256xbf16>, tensor<8x0xf32>)"
           ) in calls[1], calls[1]
   # No CPU handler and no collective sneaks into the CUDA lowering of these ops.
@@ -98,7 +100,9 @@ def test_split_low_latency_ops_lower_to_send_and_recv_tied_by_a_ticket():
   assert f"@jax_ep_ll_dispatch_recv({dispatch_send}#1)" in calls[1]
   combine_send = re.match(r"\s*(%\w+) = ", calls[2]).group(1)
   assert f"@jax_ep_ll_combine_recv({combine_send}, " in calls[3]
-  assert "-> (tensor<i32>, tensor<i32>)" in calls[0]
+  assert "(tensor<8x256xbf16>, tensor<8x4xi32>, tensor<8x0xf32>) -> (tensor<i32>, tensor<i32>)" \
+      in calls[0], calls[0]  # no topk_weights
+  assert "tensor<8x16xi32>, tensor<8x0xf32>)" in calls[1], calls[1]  # so no rows' weights
   assert _attr(calls[1], "num_tokens") == "8 : i64"
   assert _attr(calls[2], "num_tokens") == "8 : i64"
 
@@ -497,8 +501,9 @@ def test_expert_major_runs_on_the_kernels_plus_announced_local_passes(caplog):
 # ------------------------------------------------------------------ LL weights at the dispatch
 def test_low_latency_dispatch_with_weights_carries_them_on_the_kernel():
   """topk_weights given to the dispatch travel in the kernel's pair headers (its
-  weights result, [E_local, R*T_ll]); the pre-summed combine has no kernel yet:
-  the portable exchange, announced, refused under fallback="error"."""
+  weights result, [E_local, R*T_ll]); the pre-summed combine takes them to its
+  own kernel (row_weights operand, topk_weights [T, 0]), one-call and split,
+  with no portable exchange, also under fallback="error"."""
   def dispatch_only(x, idx, w):
     d = jax_ep.low_latency_dispatch(x, idx, config=CONFIG, topk_weights=w)
     return d.x, d.weights
@@ -511,16 +516,33 @@ def test_low_latency_dispatch_with_weights_carries_them_on_the_kernel():
   assert "tensor<8x16xf32>, tensor<i32>)" in calls[0], calls[0]  # the rows' weights
   assert "all_to_all" not in text
 
-  def presummed(config):
+  def presummed(config, split):
     def fn(x, idx, w):
-      d = jax_ep.low_latency_dispatch(x, idx, config=config, topk_weights=w)
-      return jax_ep.low_latency_combine(d.x, idx, None, d.handle, config=config)
+      if not split:
+        d = jax_ep.low_latency_dispatch(x, idx, config=config, topk_weights=w)
+        return jax_ep.low_latency_combine(d.x, idx, None, d.handle, config=config)
+      pending = jax_ep.low_latency_dispatch_send(x, idx, config=config, topk_weights=w)
+      d = jax_ep.low_latency_dispatch_recv(pending, config=config)
+      sent = jax_ep.low_latency_combine_send(d.x, d.handle, config=config)
+      return jax_ep.low_latency_combine_recv(sent, idx, None, config=config)
     return fn
 
   strict = dataclasses.replace(CONFIG, fallback="error")
-  with pytest.raises(jax_ep.EpConfigError, match="does not pre-sum"):
-    _lower_for_cuda(presummed(strict), ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
-                    ((16, 4), jnp.float32), config=strict)
-  text = _lower_for_cuda(presummed(ALLOW), ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
-                         ((16, 4), jnp.float32), config=ALLOW)
-  assert "jax_ep_ll_dispatch" in text and "all_to_all" in text
+  for split, targets in ((False, ["jax_ep_ll_dispatch", "jax_ep_ll_combine"]),
+                         (True, ["jax_ep_ll_dispatch_send", "jax_ep_ll_dispatch_recv",
+                                 "jax_ep_ll_combine_send", "jax_ep_ll_combine_recv"])):
+    text = _lower_for_cuda(presummed(strict, split), ((16, 256), jnp.bfloat16),
+                           ((16, 4), jnp.int32), ((16, 4), jnp.float32), config=strict)
+    calls = _custom_calls(text)
+    assert _targets(calls) == targets, _targets(calls)
+    assert "all_to_all" not in text
+    if split:  # the weights at the dispatch's send; its recv returns the rows' weights,
+      # which the combine's send takes; no weights at the combine's recv
+      assert "(tensor<8x256xbf16>, tensor<8x4xi32>, tensor<8x4xf32>) ->" in calls[0], calls[0]
+      assert "tensor<8x16xi32>, tensor<8x16xf32>)" in calls[1], calls[1]
+      assert ("(tensor<8x16x256xbf16>, tensor<8x16xf32>, tensor<8x16xi32>, tensor<8xi32>) ->"
+              in calls[2]), calls[2]
+      assert "(tensor<i32>, tensor<8x4xi32>, tensor<8x0xf32>) ->" in calls[3], calls[3]
+    else:  # rows, no row values, row_weights, recv_src, count, topk_idx, no topk_weights
+      assert ("(tensor<8x16x256xbf16>, tensor<8x0xf32>, tensor<8x16xf32>, tensor<8x16xi32>, "
+              "tensor<8xi32>, tensor<8x4xi32>, tensor<8x0xf32>) ->" in calls[1]), calls[1]

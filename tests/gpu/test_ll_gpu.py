@@ -15,7 +15,8 @@ import jax_ep
 from jax_ep import host_reference as hr
 from gpu_testing import (BF16, F32, ON_CPU, assert_bitwise, assert_within_ulp, bf16_accumulated,
                          bits, dyadic_weights, global_routing, mine, num_ranks, rng, rows, run,
-                         setup, weights)
+                         weights)
+from ll_testing import experts, expert, host_expert, host_scale, ll_setup, valid_rows
 
 SHAPES = [  # (E, K, T_ll, T_local, H)
     (16, 4, 32, 32, 256),
@@ -34,49 +35,6 @@ LL_COMBINE_ULPS = 0
 FP8_SCALE_ULPS = 1 if ON_CPU else 0
 
 
-def _experts(e: int) -> int:
-  """E for this R: the table's E, raised to a multiple of R (E_local >= 1)."""
-  r = num_ranks()
-  return -(-max(e, r) // r) * r
-
-
-def _setup(e, k, t_ll, h):
-  """HT buffers off; max_tokens_per_rank above T_ll, so that the LL shapes
-  follow the LL cap (low_latency_max_tokens_per_rank)."""
-  return setup(num_experts=e, hidden=h, max_tokens_per_rank=4 * t_ll, num_topk=k,
-               low_latency_max_tokens_per_rank=t_ll, enable_high_throughput=False)
-
-
-def _expert_scale(num_local: int, rank_):
-  """c[j] = 1 + j/8 + rank/16: a different positive factor per local expert
-  and rank, exact in float32 with at most 12 significant bits."""
-  return 1.0 + 0.125 * jnp.arange(num_local, dtype=jnp.float32) + 0.0625 * rank_
-
-
-def _expert(y):
-  """Device expert: bf16(f32(row) * c[expert]); the product of a bf16 row and
-  c is exact in float32 (8 + 12 bits), so the one rounding matches the host's."""
-  c = _expert_scale(y.shape[0], jax.lax.axis_index("ep").astype(jnp.float32))
-  return (y.astype(jnp.float32) * c[:, None, None]).astype(jnp.bfloat16)
-
-
-def _host_scale(num_local: int) -> np.ndarray:
-  """float32[R, E_local]: c of every rank's experts."""
-  ranks = np.arange(num_ranks(), dtype=F32)[:, None]
-  return (np.float32(1) + np.float32(0.125) * np.arange(num_local, dtype=F32)
-          + np.float32(0.0625) * ranks).astype(F32)
-
-
-def _host_expert(x: np.ndarray) -> np.ndarray:
-  """[R, E_local, L, H] dispatched rows -> the experts' outputs (bf16)."""
-  c = _host_scale(x.shape[1])
-  return (x.astype(F32) * c[:, :, None, None]).astype(BF16)
-
-
-def _valid(count: np.ndarray, rows_: int) -> np.ndarray:
-  return np.arange(rows_) < np.asarray(count)[..., None]
-
-
 def _assert_combine(out, y, idx, w, layout: hr.LlDispatch, name: str = "combine") -> None:
   """Within LL_COMBINE_ULPS of the host oracle, and the same comparison
   rejects a bf16 accumulator on this data."""
@@ -92,8 +50,8 @@ def _assert_combine(out, y, idx, w, layout: hr.LlDispatch, name: str = "combine"
 @pytest.mark.parametrize("use_fp8", [False, True])
 def test_ll_dispatch_matches_host_oracle(shape, use_fp8):
   e, k, t_ll, t_local, h = shape
-  e = _experts(e)
-  config, mesh = _setup(e, k, t_ll, h)
+  e = experts(e)
+  config, mesh = ll_setup(e, k, t_ll, h)
   r = num_ranks()
   gen = rng(100 + e)
   x = rows(gen, (r, t_local, h))
@@ -108,7 +66,7 @@ def test_ll_dispatch_matches_host_oracle(shape, use_fp8):
   assert_bitwise(d.count, want.count, "count")
   assert_bitwise(d.handle.recv_src, want.recv_src, "recv_src")
   assert int(d.num_invalid) == 1
-  valid = _valid(d.count, d.x.shape[1])
+  valid = valid_rows(d.count, d.x.shape[1])
   if not use_fp8:
     assert_bitwise(d.x[valid], want.x[valid], "rows")
     return
@@ -127,8 +85,8 @@ def test_ll_dispatch_matches_host_oracle(shape, use_fp8):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_ll_combine_matches_host_oracle(shape):
   e, k, t_ll, t_local, h = shape
-  e = _experts(e)
-  config, mesh = _setup(e, k, t_ll, h)
+  e = experts(e)
+  config, mesh = ll_setup(e, k, t_ll, h)
   r = num_ranks()
   gen = rng(200 + e)
   x = rows(gen, (r, t_local, h))
@@ -138,11 +96,11 @@ def test_ll_combine_matches_host_oracle(shape):
 
   def fn(x, idx, w):
     d = jax_ep.low_latency_dispatch(x, idx, config=config)
-    return jax_ep.low_latency_combine(_expert(d.x), idx, w, d.handle, config=config)
+    return jax_ep.low_latency_combine(expert(d.x), idx, w, d.handle, config=config)
 
   out = run(fn, mesh, x, idx, w)
   layout = hr.ll_dispatch(x, idx, config)
-  _assert_combine(out, _host_expert(layout.x), idx, w, layout)
+  _assert_combine(out, host_expert(layout.x), idx, w, layout)
 
 
 GRAD_SHAPES = [  # (E, K, T_ll, T_local, H)
@@ -151,10 +109,13 @@ GRAD_SHAPES = [  # (E, K, T_ll, T_local, H)
 ]
 
 
+@pytest.mark.parametrize("weights_at", ["combine", "dispatch"])
 @pytest.mark.parametrize("shape", GRAD_SHAPES)
-def test_ll_gradients_match_host_oracle(shape):
-  """jax.grad of low_latency_dispatch -> _expert -> low_latency_combine w.r.t.
-  x and topk_weights.
+def test_ll_gradients_match_host_oracle(shape, weights_at):
+  """jax.grad of low_latency_dispatch -> expert -> low_latency_combine w.r.t.
+  x and topk_weights, the weights given to the combine or to the dispatch
+  (the pre-summed combine: the same derivatives, its roundings taken as
+  exact, so the same host formulas and tolerances).
 
   Each rank's loss is sum(f32(out) * cot_r) with its own cotangent (no psum);
   rank s receives d(sum_r loss_r)/d(x_s, w_s), computed on the host from the
@@ -169,8 +130,8 @@ def test_ll_gradients_match_host_oracle(shape):
     within hr.f32_sum_bound (gamma_{H-1} * sum |terms|).
   """
   e, k, t_ll, t_local, h = shape
-  e = _experts(e)
-  config, mesh = _setup(e, k, t_ll, h)
+  e = experts(e)
+  config, mesh = ll_setup(e, k, t_ll, h)
   r = num_ranks()
   gen = rng(300 + e)
   x = rows(gen, (r, t_local, h))
@@ -182,17 +143,21 @@ def test_ll_gradients_match_host_oracle(shape):
 
   def fn(x, idx, w, cot):
     def loss(x, w):
-      d = jax_ep.low_latency_dispatch(x, idx, config=config)
-      out = jax_ep.low_latency_combine(_expert(d.x), idx, w, d.handle, config=config)
+      if weights_at == "dispatch":
+        d = jax_ep.low_latency_dispatch(x, idx, config=config, topk_weights=w)
+        out = jax_ep.low_latency_combine(expert(d.x), idx, None, d.handle, config=config)
+      else:
+        d = jax_ep.low_latency_dispatch(x, idx, config=config)
+        out = jax_ep.low_latency_combine(expert(d.x), idx, w, d.handle, config=config)
       return jnp.sum(out.astype(jnp.float32) * cot)
     return jax.grad(loss, argnums=(0, 1))(x, w)
 
   grad_x, grad_w = run(fn, mesh, x, idx, w, cot)
 
   layout = hr.ll_dispatch(x, idx, config)
-  y = _host_expert(layout.x)
+  y = host_expert(layout.x)
   vjp = hr.ll_combine_vjp(cot.astype(BF16), y, idx, w, layout)
-  c = _host_scale(y.shape[1])[:, :, None, None]
+  c = host_scale(y.shape[1])[:, :, None, None]
   ct_rows = (vjp.grad_y.astype(F32) * c).astype(BF16)
   assert_bitwise(grad_x, mine(hr.ll_dispatch_vjp(ct_rows, idx, layout)), "grad x")
   assert grad_w.dtype == np.float32
@@ -206,8 +171,8 @@ def test_ll_1000_calls_with_changing_routing():
   """Sequence numbers and buffer parity over NUM_CALLS back-to-back calls in one
   graph: a new host-generated routing each call (with -1 entries), every
   call's counts and combine output checked against the host oracle."""
-  e, k, t, h = _experts(32), 4, 32, 256
-  config, mesh = _setup(e, k, t, h)
+  e, k, t, h = experts(32), 4, 32, 256
+  config, mesh = ll_setup(e, k, t, h)
   r = num_ranks()
   gen = rng(400)
   x = rows(gen, (r, t, h))
@@ -217,7 +182,7 @@ def test_ll_1000_calls_with_changing_routing():
   def fn(x, w, idx):
     def step(carry, idx):
       d = jax_ep.low_latency_dispatch(x, idx, config=config)
-      out = jax_ep.low_latency_combine(_expert(d.x), idx, w, d.handle, config=config)
+      out = jax_ep.low_latency_combine(expert(d.x), idx, w, d.handle, config=config)
       return carry, (out, d.count)
     return jax.lax.scan(step, None, idx)[1]
 
@@ -225,14 +190,14 @@ def test_ll_1000_calls_with_changing_routing():
   for call in range(NUM_CALLS):
     layout = hr.ll_dispatch(x, idx[:, call], config)
     assert_bitwise(counts[call], mine(layout.count), f"call {call}: count")
-    want = hr.ll_combine(_host_expert(layout.x), idx[:, call], w, layout)
+    want = hr.ll_combine(host_expert(layout.x), idx[:, call], w, layout)
     assert_within_ulp(outs[call], mine(want), LL_COMBINE_ULPS, f"call {call}: combine")
 
 
 @pytest.mark.parametrize("use_fp8", [False, True])
 def test_ll_split_ops_match_one_call_ops(use_fp8):
-  e, k, t, h = _experts(32), 8, 64, 512
-  config, mesh = _setup(e, k, t, h)
+  e, k, t, h = experts(32), 8, 64, 512
+  config, mesh = ll_setup(e, k, t, h)
   r = num_ranks()
   gen = rng(500)
   x = rows(gen, (r, t, h))
@@ -243,23 +208,23 @@ def test_ll_split_ops_match_one_call_ops(use_fp8):
     pending = jax_ep.low_latency_dispatch_send(x, idx, config=config, use_fp8=use_fp8)
     shared = jnp.tanh(x.astype(jnp.float32)) @ jnp.ones((h, h), jnp.float32)  # overlapped work
     d = jax_ep.low_latency_dispatch_recv(pending, config=config)
-    y = _expert(d.x.astype(jnp.bfloat16))
+    y = expert(d.x.astype(jnp.bfloat16))
     sent = jax_ep.low_latency_combine_send(y, d.handle, config=config)
     out = jax_ep.low_latency_combine_recv(sent, idx, w, config=config)
     one = jax_ep.low_latency_dispatch(x, idx, config=config, use_fp8=use_fp8)
-    ref = jax_ep.low_latency_combine(_expert(one.x.astype(jnp.bfloat16)), idx, w, one.handle,
+    ref = jax_ep.low_latency_combine(expert(one.x.astype(jnp.bfloat16)), idx, w, one.handle,
                                      config=config)
     return d.count, d.x, one.count, one.x, out, ref, shared[:1]
 
   count, x_split, count_one, x_one, out, ref, _ = run(fn, mesh, x, idx, w)
   assert_bitwise(count, mine(hr.ll_dispatch(x, idx, config).count), "count")
   assert_bitwise(count, count_one, "count vs one call")
-  valid = _valid(count, x_split.shape[1])
+  valid = valid_rows(count, x_split.shape[1])
   assert_bitwise(x_split[valid], x_one[valid], "rows vs one call")
   assert_bitwise(out, ref, "combine vs one call")
   if not use_fp8:
     layout = hr.ll_dispatch(x, idx, config)
-    _assert_combine(out, _host_expert(layout.x), idx, w, layout)
+    _assert_combine(out, host_expert(layout.x), idx, w, layout)
 
 
 @pytest.mark.parametrize("use_fp8", [False, True])
@@ -267,8 +232,8 @@ def test_ll_dispatch_with_weights_carries_each_rows_weight(use_fp8):
   """topk_weights given to the dispatch: each row's weight (the sum in k order
   of the token's weights naming that expert) arrives with it, bitwise; the rows
   are the same as without weights."""
-  e, k, t_ll, h = _experts(32), 8, 64, 512
-  config, mesh = _setup(e, k, t_ll, h)
+  e, k, t_ll, h = experts(32), 8, 64, 512
+  config, mesh = ll_setup(e, k, t_ll, h)
   gen = rng(9100 + use_fp8)
   r = num_ranks()
   x = rows(gen, (r, t_ll, h))
@@ -286,5 +251,5 @@ def test_ll_dispatch_with_weights_carries_each_rows_weight(use_fp8):
   assert_bitwise(d.weights, mine(hr.ll_pair_weights(idx, w, layout)), "weights")
   assert_bitwise(d.handle.row_weights, d.weights, "handle.row_weights")
   assert_bitwise(d.count, plain.count, "count")
-  valid = _valid(d.count, d.x.shape[1])
+  valid = valid_rows(d.count, d.x.shape[1])
   assert_bitwise(d.x[valid], plain.x[valid], "rows")

@@ -11,14 +11,19 @@
 //       count s32[E_local], recv_src s32[E_local, R*T_ll],
 //       weights f32[E_local, R*T_ll | 0] (each pair's weight), num_invalid s32[]
 //   jax_ep_ll_combine(y bf16[E_local, R*T_ll, H|0], row_values f32[E_local, R*T_ll|0],
-//       recv_src, count, topk_idx s32[T,K], topk_weights f32[T,K]) ->
-//       out bf16[T, H|0], pair_values f32[T, K|0]
+//       row_weights f32[E_local, R*T_ll|0], recv_src, count, topk_idx s32[T,K],
+//       topk_weights f32[T,K|0]) -> out bf16[T, H|0], pair_values f32[T, K|0]
+//     with row_weights (the dispatch's weights): the combine pre-summed per
+//     rank (ll_presummed_kernels.cu), y given, no row_values, topk_weights [T, 0]
 // and the row-only ops split in two for overlap, tied by a ticket (the send's
 // sequence number, a device scalar):
-//   jax_ep_ll_dispatch_send(x, topk_idx) -> (num_invalid, ticket)
-//   jax_ep_ll_dispatch_recv(ticket) -> (x, scales, count, recv_src)
-//   jax_ep_ll_combine_send(y, recv_src, count) -> ticket
+//   jax_ep_ll_dispatch_send(x, topk_idx, topk_weights f32[T,K|0]) -> (num_invalid, ticket)
+//   jax_ep_ll_dispatch_recv(ticket) -> (x, scales, count, recv_src,
+//       weights f32[E_local, R*T_ll|0]: given iff the send had topk_weights)
+//   jax_ep_ll_combine_send(y, row_weights, recv_src, count) -> ticket
 //   jax_ep_ll_combine_recv(ticket, topk_idx, topk_weights) -> out
+// (pre-summed: row_weights [E_local, R*T_ll] at the send, topk_weights [T, 0]
+// at the recv; else row_weights [E_local, 0] and topk_weights [T, K])
 #include "xla_ffi/cuda/ll_handlers.h"
 
 #include "cuda/ll_launch.h"
@@ -93,6 +98,30 @@ ffi::Error CheckDispatchOutputs(const cuda::Runtime& runtime, bool use_fp8, int6
   return ffi::Error::Success();
 }
 
+// topk_weights of a dispatch: [tokens, K], or [tokens, 0] (none).
+ffi::Error CheckDispatchWeights(const cuda::Runtime& runtime, int64_t num_tokens,
+                                const F32Matrix& topk_weights) {
+  const int64_t width = topk_weights.dimensions()[1];
+  if (topk_weights.dimensions()[0] != num_tokens ||
+      (width != 0 && width != runtime.dims().num_topk)) {
+    return Invalid(kDispatch, "topk_weights must be [tokens, K] (or [tokens, 0]: none), got " +
+                                  ShapeText(topk_weights.dimensions()));
+  }
+  return ffi::Error::Success();
+}
+
+// The rows' weights a dispatch returns: [E_local, R*T_ll] with weights, else [E_local, 0].
+ffi::Error CheckRowWeightsOut(const cuda::Runtime& runtime, bool with_weights,
+                              ffi::Result<F32Matrix>& out_weights) {
+  const cuda::EpDims& d = runtime.dims();
+  if (out_weights->dimensions()[0] != d.experts_per_rank ||
+      out_weights->dimensions()[1] != (with_weights ? RowsPerExpert(d) : 0)) {
+    return Invalid(kDispatch, "weights must be [E_local, R*T_ll] with topk_weights, else "
+                              "[E_local, 0]");
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error CheckHandle(const cuda::Runtime& runtime, int64_t num_tokens,
                        const S32Matrix& recv_src, const S32Vector& count) {
   const cuda::EpDims& d = runtime.dims();
@@ -118,15 +147,30 @@ ffi::ErrorOr<bool> CheckCombineRows(const cuda::Runtime& runtime, const ffi::Any
   return dims[2] != 0;
 }
 
+// topk_weights: [T, K], or [T, 0] for the pre-summed combine (`presummed`).
 ffi::Error CheckRouting(const cuda::Runtime& runtime, const S32Matrix& topk_idx,
-                        const F32Matrix& topk_weights) {
+                        const F32Matrix& topk_weights, bool presummed) {
   const cuda::EpDims& d = runtime.dims();
   const int64_t num_tokens = topk_idx.dimensions()[0];
   if (topk_idx.dimensions()[1] != d.num_topk || topk_weights.dimensions()[0] != num_tokens ||
-      topk_weights.dimensions()[1] != d.num_topk || num_tokens > d.ll_max_tokens) {
-    return Invalid(kCombine, "topk_idx/topk_weights must be [tokens <= T_ll, K]");
+      topk_weights.dimensions()[1] != (presummed ? 0 : d.num_topk) ||
+      num_tokens > d.ll_max_tokens) {
+    return Invalid(kCombine, presummed ? "topk_idx must be [tokens <= T_ll, K] and topk_weights "
+                                         "[tokens, 0] (the dispatch had the weights)"
+                                       : "topk_idx/topk_weights must be [tokens <= T_ll, K]");
   }
   return ffi::Error::Success();
+}
+
+// row_weights: [E_local, R*T_ll] (the pre-summed combine) or [E_local, 0].
+ffi::ErrorOr<bool> CheckRowWeights(const cuda::Runtime& runtime, const F32Matrix& row_weights) {
+  const cuda::EpDims& d = runtime.dims();
+  if (row_weights.dimensions()[0] != d.experts_per_rank ||
+      (row_weights.dimensions()[1] != 0 && row_weights.dimensions()[1] != RowsPerExpert(d))) {
+    return Invalid(kCombine, "row_weights must be [E_local, R*T_ll] (the dispatch's weights) or "
+                             "[E_local, 0]");
+  }
+  return row_weights.dimensions()[1] != 0;
 }
 
 ffi::Error CheckCombineOutput(const cuda::Runtime& runtime, int64_t num_tokens,
@@ -169,14 +213,8 @@ ffi::Error LlDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config
   JAX_EP_RETURN_IF_ERROR(CheckDispatchOutputs(runtime, use_fp8, num_tokens, out_x, out_scales,
                                               out_count, out_recv_src));
   const bool with_weights = topk_weights.dimensions()[1] != 0;
-  const cuda::EpDims& d = runtime.dims();
-  if ((with_weights && (topk_weights.dimensions()[0] != num_tokens ||
-                        topk_weights.dimensions()[1] != d.num_topk)) ||
-      out_weights->dimensions()[0] != d.experts_per_rank ||
-      out_weights->dimensions()[1] != (with_weights ? RowsPerExpert(d) : 0)) {
-    return Invalid(kDispatch, "topk_weights must be [tokens, K] and weights [E_local, R*T_ll] "
-                              "(or both absent)");
-  }
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchWeights(runtime, num_tokens, topk_weights));
+  JAX_EP_RETURN_IF_ERROR(CheckRowWeightsOut(runtime, with_weights, out_weights));
   cuda::LlDispatchArgs args{};
   args.x = x.untyped_data();
   args.topk_idx = topk_idx.typed_data();
@@ -194,14 +232,16 @@ ffi::Error LlDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config
 }
 
 ffi::Error LlCombineImpl(cudaStream_t stream, int32_t device, CallConfig config, ffi::AnyBuffer y,
-                         F32Matrix row_values, S32Matrix recv_src, S32Vector count,
-                         S32Matrix topk_idx, F32Matrix topk_weights,
+                         F32Matrix row_values, F32Matrix row_weights, S32Matrix recv_src,
+                         S32Vector count, S32Matrix topk_idx, F32Matrix topk_weights,
                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<F32Matrix> pair_values) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
   const cuda::EpDims& d = runtime.dims();
   const int64_t num_tokens = topk_idx.dimensions()[0];
   JAX_EP_RETURN_IF_ERROR(CheckHandle(runtime, num_tokens, recv_src, count));
-  JAX_EP_RETURN_IF_ERROR(CheckRouting(runtime, topk_idx, topk_weights));
+  auto presummed = CheckRowWeights(runtime, row_weights);
+  if (presummed.has_error()) return presummed.error();
+  JAX_EP_RETURN_IF_ERROR(CheckRouting(runtime, topk_idx, topk_weights, *presummed));
   auto with_rows = CheckCombineRows(runtime, y, /*optional=*/true);
   if (with_rows.has_error()) return with_rows.error();
   JAX_EP_RETURN_IF_ERROR(CheckCombineOutput(runtime, num_tokens, out, *with_rows));
@@ -210,9 +250,21 @@ ffi::Error LlCombineImpl(cudaStream_t stream, int32_t device, CallConfig config,
       (with_values && row_values.dimensions()[1] != RowsPerExpert(d)) ||
       pair_values->dimensions()[0] != num_tokens ||
       pair_values->dimensions()[1] != (with_values ? d.num_topk : 0) ||
-      (!*with_rows && !with_values)) {
+      (!*with_rows && !with_values) || (*presummed && (with_values || !*with_rows))) {
     return Invalid(kCombine, "row_values must be [E_local, R*T_ll] and pair_values [tokens, K] "
-                             "(or both absent, with rows)");
+                             "(or both absent, with rows; always absent with row_weights)");
+  }
+  if (*presummed) {
+    cuda::LlCombineArgs args{};
+    args.y = y.untyped_data();
+    args.row_weights = row_weights.typed_data();
+    args.recv_src = recv_src.typed_data();
+    args.count = count.typed_data();
+    args.topk_idx = topk_idx.typed_data();
+    args.num_tokens = static_cast<int>(num_tokens);
+    args.out = out->untyped_data();
+    return LaunchError(kCombine, cuda::LaunchLlCombinePresummed(runtime.ll_context(), args,
+                                                                cuda::LlParts::kBoth, stream));
   }
   cuda::LlCombineArgs args{};
   args.y = *with_rows ? y.untyped_data() : nullptr;
@@ -231,12 +283,15 @@ ffi::Error LlCombineImpl(cudaStream_t stream, int32_t device, CallConfig config,
 // ---- split ops (overlap): the send hands a ticket to its recv.
 ffi::Error LlDispatchSendImpl(cudaStream_t stream, int32_t device, CallConfig config,
                               bool use_fp8, ffi::AnyBuffer x, S32Matrix topk_idx,
-                              ffi::Result<S32Scalar> num_invalid, ffi::Result<S32Scalar> ticket) {
+                              F32Matrix topk_weights, ffi::Result<S32Scalar> num_invalid,
+                              ffi::Result<S32Scalar> ticket) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
   JAX_EP_RETURN_IF_ERROR(CheckDispatchInputs(runtime, use_fp8, x, topk_idx));
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchWeights(runtime, x.dimensions()[0], topk_weights));
   cuda::LlDispatchArgs args{};
   args.x = x.untyped_data();
   args.topk_idx = topk_idx.typed_data();
+  args.topk_weights = topk_weights.dimensions()[1] != 0 ? topk_weights.typed_data() : nullptr;
   args.num_tokens = static_cast<int>(x.dimensions()[0]);
   args.use_fp8 = use_fp8;
   args.num_invalid = num_invalid->typed_data();
@@ -249,11 +304,15 @@ ffi::Error LlDispatchRecvImpl(cudaStream_t stream, int32_t device, CallConfig co
                               bool use_fp8, int64_t num_tokens, S32Scalar ticket,
                               ffi::Result<ffi::AnyBuffer> out_x, ffi::Result<F32Rank3> out_scales,
                               ffi::Result<S32Vector> out_count,
-                              ffi::Result<S32Matrix> out_recv_src) {
+                              ffi::Result<S32Matrix> out_recv_src,
+                              ffi::Result<F32Matrix> out_weights) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
   JAX_EP_RETURN_IF_ERROR(CheckDispatchOutputs(runtime, use_fp8, num_tokens, out_x, out_scales,
                                               out_count, out_recv_src));
+  const bool with_weights = out_weights->dimensions()[1] != 0;
+  JAX_EP_RETURN_IF_ERROR(CheckRowWeightsOut(runtime, with_weights, out_weights));
   cuda::LlDispatchArgs args{};
+  args.out_weights = with_weights ? out_weights->typed_data() : nullptr;
   args.num_tokens = static_cast<int>(num_tokens);
   args.use_fp8 = use_fp8;
   args.ticket_in = Ticket(ticket);
@@ -266,37 +325,49 @@ ffi::Error LlDispatchRecvImpl(cudaStream_t stream, int32_t device, CallConfig co
 }
 
 ffi::Error LlCombineSendImpl(cudaStream_t stream, int32_t device, CallConfig config,
-                             int64_t num_tokens, ffi::AnyBuffer y, S32Matrix recv_src,
-                             S32Vector count, ffi::Result<S32Scalar> ticket) {
+                             int64_t num_tokens, ffi::AnyBuffer y, F32Matrix row_weights,
+                             S32Matrix recv_src, S32Vector count,
+                             ffi::Result<S32Scalar> ticket) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
   JAX_EP_RETURN_IF_ERROR(CheckHandle(runtime, num_tokens, recv_src, count));
+  auto presummed = CheckRowWeights(runtime, row_weights);
+  if (presummed.has_error()) return presummed.error();
   auto with_rows = CheckCombineRows(runtime, y, /*optional=*/false);
   if (with_rows.has_error()) return with_rows.error();
   cuda::LlCombineArgs args{};
   args.y = y.untyped_data();
+  args.row_weights = *presummed ? row_weights.typed_data() : nullptr;
   args.recv_src = recv_src.typed_data();
   args.count = count.typed_data();
   args.num_tokens = static_cast<int>(num_tokens);
   args.ticket_out = Ticket(ticket);
-  return LaunchError(kCombine, cuda::LaunchLlCombine(runtime.ll_context(), args,
-                                                     cuda::LlParts::kSend, stream));
+  const cuda::LlContext& ctx = runtime.ll_context();
+  return LaunchError(kCombine,
+                     *presummed ? cuda::LaunchLlCombinePresummed(ctx, args, cuda::LlParts::kSend,
+                                                                 stream)
+                                : cuda::LaunchLlCombine(ctx, args, cuda::LlParts::kSend, stream));
 }
 
 ffi::Error LlCombineRecvImpl(cudaStream_t stream, int32_t device, CallConfig config,
                              S32Scalar ticket, S32Matrix topk_idx, F32Matrix topk_weights,
                              ffi::Result<ffi::AnyBuffer> out) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
-  JAX_EP_RETURN_IF_ERROR(CheckRouting(runtime, topk_idx, topk_weights));
+  // No weights here: the send applied the dispatch's (pre-summed combine).
+  const bool presummed = topk_weights.dimensions()[1] == 0 && runtime.dims().num_topk != 0;
+  JAX_EP_RETURN_IF_ERROR(CheckRouting(runtime, topk_idx, topk_weights, presummed));
   const int64_t num_tokens = topk_idx.dimensions()[0];
   JAX_EP_RETURN_IF_ERROR(CheckCombineOutput(runtime, num_tokens, out, /*with_rows=*/true));
   cuda::LlCombineArgs args{};
   args.topk_idx = topk_idx.typed_data();
-  args.topk_weights = topk_weights.typed_data();
+  args.topk_weights = presummed ? nullptr : topk_weights.typed_data();
   args.num_tokens = static_cast<int>(num_tokens);
   args.ticket_in = Ticket(ticket);
   args.out = out->untyped_data();
-  return LaunchError(kCombine, cuda::LaunchLlCombine(runtime.ll_context(), args,
-                                                     cuda::LlParts::kRecv, stream));
+  const cuda::LlContext& ctx = runtime.ll_context();
+  return LaunchError(kCombine,
+                     presummed ? cuda::LaunchLlCombinePresummed(ctx, args, cuda::LlParts::kRecv,
+                                                                stream)
+                               : cuda::LaunchLlCombine(ctx, args, cuda::LlParts::kRecv, stream));
 }
 
 }  // namespace
@@ -323,6 +394,7 @@ XLA_FFI_DEFINE_HANDLER(kLlDispatch, LlDispatchImpl,
 XLA_FFI_DEFINE_HANDLER(kLlCombine, LlCombineImpl,
                        JAX_EP_LL_BIND.Arg<ffi::AnyBuffer>()
                            .Arg<F32Matrix>()
+                           .Arg<F32Matrix>()
                            .Arg<S32Matrix>()
                            .Arg<S32Vector>()
                            .Arg<S32Matrix>()
@@ -335,6 +407,7 @@ XLA_FFI_DEFINE_HANDLER(kLlDispatchSend, LlDispatchSendImpl,
                        JAX_EP_LL_BIND.Attr<bool>("use_fp8")
                            .Arg<ffi::AnyBuffer>()
                            .Arg<S32Matrix>()
+                           .Arg<F32Matrix>()
                            .Ret<S32Scalar>()
                            .Ret<S32Scalar>(),
                        {ffi::Traits::kCmdBufferCompatible});
@@ -346,12 +419,14 @@ XLA_FFI_DEFINE_HANDLER(kLlDispatchRecv, LlDispatchRecvImpl,
                            .Ret<ffi::AnyBuffer>()
                            .Ret<F32Rank3>()
                            .Ret<S32Vector>()
-                           .Ret<S32Matrix>(),
+                           .Ret<S32Matrix>()
+                           .Ret<F32Matrix>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER(kLlCombineSend, LlCombineSendImpl,
                        JAX_EP_LL_BIND.Attr<int64_t>("num_tokens")
                            .Arg<ffi::AnyBuffer>()
+                           .Arg<F32Matrix>()
                            .Arg<S32Matrix>()
                            .Arg<S32Vector>()
                            .Ret<S32Scalar>(),
