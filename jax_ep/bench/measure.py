@@ -11,14 +11,13 @@ kernels' bounded waits turn such stalls into errors.)
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Callable
 
 import jax
 import numpy as np
 
-from jax_ep.bench import command_buffers, kernel_profile, timing
+from jax_ep.bench import kernel_profile, timing
 from jax_ep.bench.timing import Timing
 
 ERROR_BYTES = 2048  # error text kept per rank (UTF-8, truncated)
@@ -102,16 +101,13 @@ class Runner:
     self.repeats = repeats
     self.context = context
     self.profiles: dict[str, dict] = {}  # label -> this rank's kernel profile
-    # label -> command_buffers.custom_calls_in_command_buffers of the long executable
-    self.command_buffers: dict[str, dict] = {}
 
   def time(self, label: str, op: Callable, args, *, profile: bool = False,
            single_shot: bool = False, num_calls: int | None = None) -> Outcome:
     """Outcome of ``op`` (per shard, inside jit(shard_map)) on ``args``.
 
     profile: with JAX_EP_PROFILE=1 on the CUDA backend, keep the kernels'
-    in-kernel profile of the timed calls, and (on GPUs) how many of the timed
-    executable's jax_ep custom calls XLA put inside command buffers.
+    in-kernel profile of the timed calls.
     single_shot: every executable runs once (timing.time_single_shot says when
     that is needed).
     """
@@ -123,11 +119,8 @@ class Runner:
       if single_shot:
         return timing.time_single_shot(op, self.mesh, local_args, calls)
       keep_profile = profile and kernel_profile.enabled()
-      on_hlo = (functools.partial(self._record_command_buffers, label)
-                if keep_profile and jax.default_backend() == "gpu" else None)
       measured = timing.time_per_call(op, self.mesh, local_args, calls, self.repeats,
-                                      after_warmup=kernel_profile.reset if keep_profile else None,
-                                      on_hlo=on_hlo)
+                                      after_warmup=kernel_profile.reset if keep_profile else None)
       if keep_profile:
         self.profiles[f"{self.context}{label}"] = kernel_profile.read()
         print(f"profile rank {rank}: {self.context}{label}: "
@@ -141,12 +134,3 @@ class Runner:
                 else f"FAILED: {outcome.error.splitlines()[0][:300]}")
       print(f"bench: {self.context}{label}: {result}", flush=True)
     return outcome
-
-  def _record_command_buffers(self, label: str, hlo_text: str) -> None:
-    """Records (and prints on rank 0) how many of the timed executable's jax_ep
-    custom calls XLA:GPU put inside command buffers (GPUs only: other backends
-    have none)."""
-    report = command_buffers.custom_calls_in_command_buffers(hlo_text)
-    self.command_buffers[f"{self.context}{label}"] = report
-    if jax.process_index() == 0:
-      print(command_buffers.format_report(f"{self.context}{label}", report), flush=True)

@@ -125,15 +125,12 @@ def executable(per_shard_op: Callable, mesh: jax.sharding.Mesh, num_calls: int) 
 def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
                   num_calls: int = 50, repeats: int = 7,
                   after_warmup: Callable[[], None] | None = None,
-                  clock: Clock = time.perf_counter,
-                  on_hlo: Callable[[str], None] | None = None) -> Timing:
+                  clock: Clock = time.perf_counter) -> Timing:
   """Per-call time (us) of ``per_shard_op`` inside jit(shard_map), on this process.
 
   ``local_args``: this process's shards (numpy), EP-sharded along axis 0.
   ``after_warmup`` runs between the warm-ups and the timed executions (all
   executions of both loop lengths then count in whatever it resets).
-  ``on_hlo``, after the timed executions: called with the optimized HLO text
-  of the long executable (one more lowering and compilation of it).
   """
   num_calls = max(num_calls, 2)
   fns = {n: executable(per_shard_op, mesh, n) for n in (num_calls, short_calls_of(num_calls))}
@@ -143,11 +140,7 @@ def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
     jax.block_until_ready(fn(*args))
   if after_warmup is not None:
     after_warmup()
-  measured = time_loops(lambda n: jax.block_until_ready(fns[n](*args)), num_calls, repeats,
-                        clock)
-  if on_hlo is not None:
-    on_hlo(fns[num_calls].lower(*args).compile().as_text())
-  return measured
+  return time_loops(lambda n: jax.block_until_ready(fns[n](*args)), num_calls, repeats, clock)
 
 
 def time_single_shot(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
