@@ -59,18 +59,26 @@
 // combine send (on r):
 //   5. Row i < count[le] of expert le came from source s, token t (recv_src):
 //      y[le][i] goes to s's combine_recv[p][r*E_local+le][t], and/or the row's
-//      value row_values[le][i] to s's combine_values[p][r*E_local+le][t]; in
-//      the one-call op a row of this rank's own (s = r) is not copied: its
-//      slot gets the int4 (i, 0, 0, 0) and step 6 reads y[le][i] itself.
+//      value row_values[le][i] to s's combine_values[p][r*E_local+le][t]. In
+//      the one-call op a row of this rank's own (s = r) is not sent at all:
+//      step 6 finds it in y (with one rank the send part does nothing).
 //      After all of expert le's rows (block barrier), (seq, 0) is set in
 //      combine_flags[p][r*E_local+le] on every rank (NVLink: st.release.sys by
 //      one thread, st.release.gpu for r itself; RDMA: signal on QP le after
-//      the puts).
+//      the puts), except r itself in the one-call op.
 // combine recv (on s):
 //   6. For each token, wait for combine_flags[p][e] = seq of its valid experts;
 //      out[t] = sum over valid k of w[t,k] * combine_recv[p][e_k][t], in fp32,
 //      in k order (product and sum each rounded: no fused multiply-add), and/or
-//      out_pair_values[t][k] = combine_values[p][e_k][t].
+//      out_pair_values[t][k] = combine_values[p][e_k][t]. One-call op, an
+//      expert of s itself: no flag; its row is y[le][i] (row_values[le][i]),
+//      i the place of s*T + t in recv_src[le][0 .. count), which ascends
+//      (binary search; not there, as after a faulted dispatch: the token's
+//      result is void, NaN).
+//
+// One rank (R = 1), one-call ops: the dispatch's sender writes the results
+// itself (dispatch_single_rank: no messages, flags or receive part) and the
+// combine has no send part (step 6 reads every row from y).
 //
 // Faults: a wait that times out records the fault (device_common.cuh) and the
 // call's results are void, so they are marked: a dispatch receive block whose
@@ -198,11 +206,11 @@ __device__ __forceinline__ RoundPieces<kFp8> load_pieces(const int4* row, int c0
   return p;
 }
 
-// Stores this thread's pieces of the round into the message at `msg`.
+// Stores this thread's pieces of the round into a row: `payload` (bf16 or
+// e4m3) and, with FP8, `scales` (the row's float32 scales, one per 128 channels).
 template <bool kFp8>
-__device__ __forceinline__ void store_pieces(char* msg, const RoundPieces<kFp8>& p, int c0,
-                                             int hidden) {
-  int4* payload = reinterpret_cast<int4*>(msg + 16);
+__device__ __forceinline__ void store_pieces_to(int4* payload, float* scales,
+                                                const RoundPieces<kFp8>& p, int c0, int hidden) {
   if constexpr (!kFp8) {
 #pragma unroll
     for (int u = 0; u < kPiecesPerThread; ++u) {
@@ -210,7 +218,6 @@ __device__ __forceinline__ void store_pieces(char* msg, const RoundPieces<kFp8>&
       if (v < hidden / 8) st_na_v4(payload + v, p.data[u]);
     }
   } else {
-    float* scales = reinterpret_cast<float*>(msg + 16 + hidden);
 #pragma unroll
     for (int u = 0; u < kPiecesPerThread / 2; ++u) {
       const int task = c0 / 16 + u * kThreads + threadIdx.x;
@@ -222,12 +229,85 @@ __device__ __forceinline__ void store_pieces(char* msg, const RoundPieces<kFp8>&
   }
 }
 
+// Stores this thread's pieces of the round into the message at `msg`.
+template <bool kFp8>
+__device__ __forceinline__ void store_pieces(char* msg, const RoundPieces<kFp8>& p, int c0,
+                                             int hidden) {
+  store_pieces_to<kFp8>(reinterpret_cast<int4*>(msg + 16),
+                        reinterpret_cast<float*>(msg + 16 + hidden), p, c0, hidden);
+}
+
 // Dynamic shared memory of the dispatch send part: the routing of all tokens
 // ([num_tokens][K], entries that are not sent = -1), rows_per_expert [E] and
 // rows_before [E].
 size_t DispatchSendSmem(int num_tokens, const EpDims& d) {
   return sizeof(int) * (static_cast<size_t>(num_tokens) * d.num_topk +
                         2 * static_cast<size_t>(d.num_experts));
+}
+
+// 1. Routing of all tokens (every block of a dispatch's send part), one
+//    thread per token with its K entries in registers (a token's repeats are
+//    found there, not by reloading them): which (token, expert) pairs are
+//    sent (routing[t][k] = e, or -1: invalid, masked, or a repeat of an
+//    earlier k), rows_per_expert[e] (tokens sent to e) and rows_before[e]
+//    (those before first_token; rows_before = rows_per_expert + E: both are
+//    cleared as one array). Block 0 writes num_invalid. Has a block barrier
+//    before its first read of `masked` and one at its end.
+__device__ __forceinline__ void route_tokens(const EpDims& d, const LlDispatchArgs& args,
+                                             const int* masked, int* routing,
+                                             int* rows_per_expert, int* rows_before,
+                                             int first_token, int* s_invalid) {
+  const int num_topk = d.num_topk;
+  const int num_tokens = args.num_tokens;
+  const int32_t* __restrict__ topk_idx = args.topk_idx;
+  // The thread's first token's entries are loaded before the barrier.
+  const bool vector_idx =
+      num_topk % 4 == 0 && (reinterpret_cast<uintptr_t>(topk_idx) & 15u) == 0;
+  int entries[kMaxTopk];
+  auto load_entries = [&](int t) {
+    const int32_t* token_idx = topk_idx + static_cast<size_t>(t) * num_topk;
+    if (vector_idx) {
+#pragma unroll
+      for (int q = 0; q < kMaxTopk / 4; ++q) {
+        const int4 four = 4 * q < num_topk ? __ldg(reinterpret_cast<const int4*>(token_idx) + q)
+                                           : make_int4(-1, -1, -1, -1);
+        entries[4 * q] = four.x;
+        entries[4 * q + 1] = four.y;
+        entries[4 * q + 2] = four.z;
+        entries[4 * q + 3] = four.w;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kMaxTopk; ++k) entries[k] = k < num_topk ? __ldg(token_idx + k) : -1;
+    }
+  };
+  if (static_cast<int>(threadIdx.x) < num_tokens) load_entries(threadIdx.x);
+  for (int i = threadIdx.x; i < 2 * d.num_experts; i += blockDim.x) rows_per_expert[i] = 0;
+  if (threadIdx.x == 0) *s_invalid = 0;
+  __syncthreads();
+  int invalid = 0;
+  for (int t = threadIdx.x; t < num_tokens; t += blockDim.x) {
+    if (t != static_cast<int>(threadIdx.x)) load_entries(t);
+#pragma unroll
+    for (int k = 0; k < kMaxTopk; ++k) {
+      if (k >= num_topk) break;
+      const int e = entries[k];
+      invalid += (e < -1 || e >= d.num_experts) ? 1 : 0;
+      bool keep = valid_expert(e, d.num_experts) && masked[e / d.experts_per_rank] == 0;
+#pragma unroll
+      for (int j = 0; j < k; ++j) keep &= entries[j] != e;
+      routing[static_cast<size_t>(t) * num_topk + k] = keep ? e : -1;
+      if (keep) {
+        atomicAdd(rows_per_expert + e, 1);
+        if (t < first_token) atomicAdd(rows_before + e, 1);
+      }
+    }
+  }
+  if (blockIdx.x == 0 && invalid != 0) atomicAdd(s_invalid, invalid);
+  __syncthreads();
+  if (blockIdx.x == 0 && threadIdx.x == 0 && args.num_invalid != nullptr) {
+    *args.num_invalid = *s_invalid;
+  }
 }
 
 // kDirectSelf (one-call BF16 op): the pairs this rank sends itself get only
@@ -273,57 +353,7 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
     pieces = load_pieces<kFp8>(token_row(first_token), 0, d.hidden);
   }
 
-  // 1. Routing of all tokens, one thread per token with its K entries in
-  //    registers (a token's repeats are found there, not by reloading them):
-  //    which (token, expert) pairs are sent, and counts. The thread's first
-  //    token's entries are loaded before the barrier.
-  const bool vector_idx =
-      num_topk % 4 == 0 && (reinterpret_cast<uintptr_t>(topk_idx) & 15u) == 0;
-  int entries[kMaxTopk];
-  auto load_entries = [&](int t) {
-    const int32_t* token_idx = topk_idx + static_cast<size_t>(t) * num_topk;
-    if (vector_idx) {
-#pragma unroll
-      for (int q = 0; q < kMaxTopk / 4; ++q) {
-        const int4 four = 4 * q < num_topk ? __ldg(reinterpret_cast<const int4*>(token_idx) + q)
-                                           : make_int4(-1, -1, -1, -1);
-        entries[4 * q] = four.x;
-        entries[4 * q + 1] = four.y;
-        entries[4 * q + 2] = four.z;
-        entries[4 * q + 3] = four.w;
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < kMaxTopk; ++k) entries[k] = k < num_topk ? __ldg(token_idx + k) : -1;
-    }
-  };
-  if (static_cast<int>(threadIdx.x) < num_tokens) load_entries(threadIdx.x);
-  for (int i = threadIdx.x; i < 2 * d.num_experts; i += blockDim.x) rows_per_expert[i] = 0;
-  if (threadIdx.x == 0) s_invalid = 0;
-  __syncthreads();
-  int invalid = 0;
-  for (int t = threadIdx.x; t < num_tokens; t += blockDim.x) {
-    if (t != static_cast<int>(threadIdx.x)) load_entries(t);
-#pragma unroll
-    for (int k = 0; k < kMaxTopk; ++k) {
-      if (k >= num_topk) break;
-      const int e = entries[k];
-      invalid += (e < -1 || e >= d.num_experts) ? 1 : 0;
-      bool keep = valid_expert(e, d.num_experts) && masked[e / d.experts_per_rank] == 0;
-#pragma unroll
-      for (int j = 0; j < k; ++j) keep &= entries[j] != e;
-      routing[static_cast<size_t>(t) * num_topk + k] = keep ? e : -1;
-      if (keep) {
-        atomicAdd(rows_per_expert + e, 1);
-        if (t < first_token) atomicAdd(rows_before + e, 1);
-      }
-    }
-  }
-  if (blockIdx.x == 0 && invalid != 0) atomicAdd(&s_invalid, invalid);
-  __syncthreads();
-  if (blockIdx.x == 0 && threadIdx.x == 0 && args.num_invalid != nullptr) {
-    *args.num_invalid = s_invalid;
-  }
+  route_tokens(d, args, masked, routing, rows_per_expert, rows_before, first_token, &s_invalid);
 
   // Experts that no token of this rank uses get (seq, 0) now, from block e % grid.
   for (int e = blockIdx.x + threadIdx.x * gridDim.x; e < d.num_experts;
@@ -447,6 +477,94 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
                      make_flag(seq, static_cast<uint32_t>(s_total[k])), r, le);
       }
     }
+  }
+}
+
+// One rank, one call (kSingleRank): every pair is the rank's own, so the
+// sender writes the results itself: pair (t, e) goes straight to output row
+// rows_before[e] of expert e (the tokens before t choosing e), with its source
+// and weight; no messages, flags or receive part. Block e % grid writes
+// count[e] and the rows past it (source -1, weight 0).
+template <bool kFp8>
+__device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
+                                                     const LlDispatchArgs& args,
+                                                     const int* masked, int* smem) {
+  __shared__ int s_expert[kMaxTopk];
+  __shared__ int s_row[kMaxTopk];  // the pair's output row: e * T_ll + slot
+  __shared__ int s_invalid;
+  const EpDims d = ctx.dims;
+  const int num_topk = d.num_topk;
+  const int num_tokens = args.num_tokens;
+  const int rows_per_expert = d.ll_max_tokens;  // R * T_ll, R = 1
+  const auto* __restrict__ x = static_cast<const __nv_bfloat16*>(args.x);
+  const int32_t* __restrict__ topk_idx = args.topk_idx;
+  const float* __restrict__ topk_weights = args.topk_weights;
+  int* routing = smem;
+  int* rows_per_expert_of = routing + static_cast<size_t>(num_tokens) * num_topk;  // [E]
+  int* rows_before = rows_per_expert_of + d.num_experts;
+  const int first_token = blockIdx.x;
+  auto token_row = [&](int t) {
+    return reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * d.hidden);
+  };
+  RoundPieces<kFp8> pieces;  // the first row's loads go out before the routing pass
+  if (first_token < num_tokens) pieces = load_pieces<kFp8>(token_row(first_token), 0, d.hidden);
+  route_tokens(d, args, masked, routing, rows_per_expert_of, rows_before, first_token,
+               &s_invalid);
+  for (int e = blockIdx.x; e < d.experts_per_rank; e += gridDim.x) {
+    const int count = rows_per_expert_of[e];
+    if (threadIdx.x == 0) args.out_count[e] = count;
+    for (int row = count + threadIdx.x; row < rows_per_expert; row += blockDim.x) {
+      const size_t out_row = static_cast<size_t>(e) * rows_per_expert + row;
+      args.out_recv_src[out_row] = -1;
+      if (args.out_weights != nullptr) args.out_weights[out_row] = 0.0f;
+    }
+  }
+  for (int t = first_token; t < num_tokens; t += gridDim.x) {
+    if (t != first_token) {
+      pieces = load_pieces<kFp8>(token_row(t), 0, d.hidden);
+      for (int i = threadIdx.x; i < static_cast<int>(gridDim.x) * num_topk; i += blockDim.x) {
+        const int e = routing[static_cast<size_t>(t - gridDim.x) * num_topk + i];
+        if (e >= 0) atomicAdd(rows_before + e, 1);
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x < num_topk) {
+      const int k = threadIdx.x;
+      const int e = routing[static_cast<size_t>(t) * num_topk + k];
+      s_expert[k] = e;
+      if (e >= 0) {
+        const int row = e * rows_per_expert + rows_before[e];
+        s_row[k] = row;
+        args.out_recv_src[row] = t;  // source rank 0
+        // Every entry of the token choosing e, summed in k order.
+        float weight = 0.0f;
+        if (topk_weights != nullptr) {
+          for (int j = k; j < num_topk; ++j) {
+            if (__ldg(topk_idx + t * num_topk + j) == e) weight += __ldg(topk_weights + t * num_topk + j);
+          }
+        }
+        if (args.out_weights != nullptr) args.out_weights[row] = weight;
+      }
+    }
+    __syncthreads();
+    const int4* row = token_row(t);
+    for (int c0 = 0; c0 < d.hidden; c0 += kChannelsPerRound) {
+      if (c0 > 0) pieces = load_pieces<kFp8>(row, c0, d.hidden);
+      for (int k = 0; k < num_topk; ++k) {
+        if (s_expert[k] < 0) continue;
+        const size_t out_row = s_row[k];
+        if constexpr (kFp8) {
+          store_pieces_to<kFp8>(
+              reinterpret_cast<int4*>(static_cast<uint8_t*>(args.out_x) + out_row * d.hidden),
+              args.out_scales + out_row * (d.hidden / 128), pieces, c0, d.hidden);
+        } else {
+          store_pieces_to<kFp8>(reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(args.out_x) +
+                                                        out_row * d.hidden),
+                                nullptr, pieces, c0, d.hidden);
+        }
+      }
+    }
+    __syncthreads();  // s_expert / s_row are rewritten for the next token
   }
 }
 
@@ -612,7 +730,8 @@ __device__ __forceinline__ bool dispatch_recv_part(const LlContext& ctx, uint32_
 
 // kParts = kSendPart (split send: ticket_out), kRecvPart (split recv: ticket_in)
 // or kBothParts (one-call op, whose own pairs skip dispatch_tokens: kDirectSelf).
-template <bool kFp8, int kParts>
+// kSingleRank (one-call op at one rank): dispatch_single_rank instead of both parts.
+template <bool kFp8, int kParts, bool kSingleRank = false>
 __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDispatchArgs args) {
   extern __shared__ int smem[];
   __shared__ int s_masked[kMaxRanks];
@@ -628,14 +747,21 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
   const bool earlier_fault = kRecv && blockIdx.x == 0 && threadIdx.x == 0 &&
                              fault_recorded(ctx.status);
   load_rank_mask(ctx, s_masked);  // published by the first barrier below
-  if constexpr (kSend) {
+  if constexpr (kSingleRank) {
+    static_assert(kSend && kRecv, "one rank: the one-call op only");
+    profile_start(ctx, 0);
+    dispatch_single_rank<kFp8>(ctx, args, s_masked, smem);
+    profile_end_block0(ctx, 0);
+    profile_start(ctx, 1);
+    if (earlier_fault) counters->ll_dispatch_lost = 1u;
+  } else if constexpr (kSend) {
     profile_start(ctx, 0);
     dispatch_send_part<kFp8, kDirectSelf>(ctx, seq, args, s_masked, smem);
     if constexpr (kRecv) profile_end_block0(ctx, 0);
   } else {
     __syncthreads();
   }
-  if constexpr (kRecv) {
+  if constexpr (kRecv && !kSingleRank) {
     profile_start(ctx, 1);
     const bool lost = dispatch_recv_part<kFp8, kDirectSelf>(ctx, seq, args, s_masked);
     if ((lost || earlier_fault) && threadIdx.x == 0) counters->ll_dispatch_lost = 1u;
@@ -658,9 +784,9 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
   }
 }
 
-// kDirectSelf (one-call ops): a row whose source is this rank is not copied;
-// its slot in combine_recv gets only its row index in y (an int4 (i, 0, 0, 0)),
-// and the receive part reads the row from y.
+// kDirectSelf (one-call ops): a row whose source is this rank is neither copied
+// nor announced: the receive part finds it in y through the handle (own_row),
+// so this rank's own flags are not set either.
 template <bool kDirectSelf>
 __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t seq,
                                                   const LlCombineArgs& args, const int* s_masked,
@@ -700,13 +826,11 @@ __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t
       if (s >= d.num_ranks || s_masked[s] != 0) continue;
       const size_t pair = static_cast<size_t>(e) * d.ll_max_tokens + t;  // on rank s
       const bool own = s == d.rank;
+      if (kDirectSelf && own) continue;
       if (y != nullptr) {
         const int4* row = row_of(i);
         char* dst_local = recv_base + pair * row_bytes;
-        if (kDirectSelf && own) {
-          if (lane == 0) st_na_v4(reinterpret_cast<int4*>(dst_local), make_int4(i, 0, 0, 0));
-        } else if (auto* dst = static_cast<int4*>(own ? dst_local
-                                                      : transport::peer_ptr(dst_local, s))) {
+        if (auto* dst = static_cast<int4*>(own ? dst_local : transport::peer_ptr(dst_local, s))) {
           int4 batch[kUnroll];
           for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
             warp_load_batch(batch, row, base, num_vec, lane);
@@ -741,9 +865,27 @@ __device__ __forceinline__ void combine_send_part(const LlContext& ctx, uint32_t
     transport::complete_block_puts(__syncthreads_or(used_rdma), ctx.qp_handles, ctx.status);
     __syncthreads();  // every row of expert le is written (or its put issued)
     for (int r = threadIdx.x; r < d.num_ranks; r += blockDim.x) {
-      if (s_masked[r] == 0) publish_flag(ctx, flags + e, make_flag(seq, 0), r, le);
+      if (s_masked[r] == 0 && !(kDirectSelf && r == d.rank)) {
+        publish_flag(ctx, flags + e, make_flag(seq, 0), r, le);
+      }
     }
   }
+}
+
+// kDirectSelf: the index in y of the row of this rank's own (token t, local
+// expert le), source value src = rank * T + t: recv_src[le][0 .. count)
+// ascends (rows arrive in (source rank, source token) order), so a binary
+// search finds it; -1 when it is not there (a faulted dispatch: count -1).
+__device__ __forceinline__ int own_row(const LlCombineArgs& args, int le, int rows_per_expert,
+                                       int src) {
+  const int n = min(__ldg(args.count + le), rows_per_expert);
+  const int32_t* rows = args.recv_src + static_cast<size_t>(le) * rows_per_expert;
+  int lo = 0, hi = n > 0 ? n : 0;  // the first i with rows[i] >= src
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (__ldg(rows + mid) < src) lo = mid + 1; else hi = mid;
+  }
+  return lo < n && __ldg(rows + lo) == src ? lo : -1;
 }
 
 // Waits (thread k < K of the block) for the flag of token t's k-th expert;
@@ -762,8 +904,8 @@ __device__ __forceinline__ int arrived_expert(const LlContext& ctx, const uint64
   return rank_masked(ctx, e / d.experts_per_rank) ? -1 : kExpertLost;
 }
 
-// kDirectSelf: the rows of this rank's own experts are read from y, at the
-// index their slot holds (combine_send_part).
+// kDirectSelf: the rows (and row values) of this rank's own experts are read
+// from y (row_values) at the index own_row finds, without a flag.
 template <bool kDirectSelf>
 __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t seq,
                                                   const LlCombineArgs& args, const int* s_masked,
@@ -795,31 +937,30 @@ __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t
       const bool first = t == static_cast<int>(blockIdx.x);
       const int k = threadIdx.x;
       const int raw = first ? first_expert : topk_idx[t * d.num_topk + k];
-      const int e = arrived_expert(ctx, flags, seq, raw, s_masked);
+      const int le = raw - d.rank * d.experts_per_rank;
+      const bool own = kDirectSelf && valid_expert(raw, d.num_experts) &&
+                       raw / d.experts_per_rank == d.rank && s_masked[d.rank] == 0;
+      const int own_i = own ? own_row(args, le, rows_per_expert, d.rank * num_tokens + t) : -1;
+      const int e = !own ? arrived_expert(ctx, flags, seq, raw, s_masked)
+                         : own_i >= 0 ? raw : kExpertLost;
       if (e == kExpertLost) s_lost = 1;
       s_expert[k] = e >= 0 ? e : -1;
+      const size_t own_row_index =
+          own_i >= 0 ? static_cast<size_t>(le) * rows_per_expert + static_cast<size_t>(own_i) : 0;
       if (e >= 0 && out != nullptr) {
-        const auto* slot = reinterpret_cast<const int4*>(
-            recv_base + (static_cast<size_t>(e) * d.ll_max_tokens + t) * row_bytes);
-        const int le = e - d.rank * d.experts_per_rank;
-        if (kDirectSelf && e / d.experts_per_rank == d.rank) {
-          // Written by this kernel's send part (published by the flag).
-          const int i = ld_v4_no_alloc(slot, true).x;
-          s_row[k] = reinterpret_cast<const int4*>(
-              y + (static_cast<size_t>(le) * rows_per_expert +
-                   min(max(i, 0), rows_per_expert - 1)) * d.hidden);
-        } else {
-          s_row[k] = slot;
-        }
+        s_row[k] = own ? reinterpret_cast<const int4*>(y + own_row_index * d.hidden)
+                       : reinterpret_cast<const int4*>(
+                             recv_base + (static_cast<size_t>(e) * d.ll_max_tokens + t) * row_bytes);
       }
       s_weight[k] = e >= 0 && topk_weights != nullptr
                         ? (first ? first_weight : topk_weights[t * d.num_topk + k])
                         : 0.0f;
       if (args.out_pair_values != nullptr) {
         // The value of the row of (t, e_k) (a repeated expert: the same row).
-        const float value = e >= 0 ? ld_volatile_f32(values_base +
-                                                     static_cast<size_t>(e) * d.ll_max_tokens + t)
-                                   : 0.0f;
+        const float value = e < 0 ? 0.0f
+                            : own  ? __ldg(args.row_values + own_row_index)
+                                   : ld_volatile_f32(values_base +
+                                                     static_cast<size_t>(e) * d.ll_max_tokens + t);
         args.out_pair_values[t * d.num_topk + k] = e == kExpertLost ? __int_as_float(0x7fc00000)
                                                                     : value;
       }
@@ -918,7 +1059,10 @@ __global__ void __launch_bounds__(kThreads, 1) ll_combine(LlContext ctx, LlCombi
   __syncthreads();
   if constexpr (kSend) {
     profile_start(ctx, 2);
-    combine_send_part<kDirectSelf>(ctx, seq, args, s_masked, first_count);
+    // One rank, one call: every row is its own, read in place; nothing to send.
+    if (!(kDirectSelf && ctx.dims.num_ranks == 1)) {
+      combine_send_part<kDirectSelf>(ctx, seq, args, s_masked, first_count);
+    }
     if constexpr (kRecv) profile_end_block0(ctx, 2);
   }
   if constexpr (kRecv) {
@@ -942,6 +1086,10 @@ cudaError_t LaunchDispatchParts(const LlContext& ctx, LlDispatchArgs args, cudaS
                    : kSend        ? args.num_tokens
                                   : ctx.dims.experts_per_rank;
   auto kernel = args.use_fp8 ? ll_dispatch<true, kParts> : ll_dispatch<false, kParts>;
+  if (kSend && kRecv && ctx.dims.num_ranks == 1) {
+    kernel = args.use_fp8 ? ll_dispatch<true, kParts, kSend && kRecv>
+                          : ll_dispatch<false, kParts, kSend && kRecv>;
+  }
   kernel<<<GridSize(ctx, work), kThreads, smem, stream>>>(ctx, args);
   return cudaGetLastError();
 }
@@ -995,7 +1143,9 @@ cudaError_t PrepareLlKernels() {
   for (const void* kernel : {reinterpret_cast<const void*>(ll_dispatch<false, kSendPart>),
                              reinterpret_cast<const void*>(ll_dispatch<true, kSendPart>),
                              reinterpret_cast<const void*>(ll_dispatch<false, kBothParts>),
-                             reinterpret_cast<const void*>(ll_dispatch<true, kBothParts>)}) {
+                             reinterpret_cast<const void*>(ll_dispatch<true, kBothParts>),
+                             reinterpret_cast<const void*>(ll_dispatch<false, kBothParts, true>),
+                             reinterpret_cast<const void*>(ll_dispatch<true, kBothParts, true>)}) {
     if (err == cudaSuccess) {
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
     }
