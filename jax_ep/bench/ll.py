@@ -1,7 +1,8 @@
 """LL benchmark: decoding-size batches (DeepEP's LL test settings by default).
 
 Systems, all timed the same way in the same run (timing.py):
-  * jax_ep: FP8 and BF16 dispatch, BF16 combine (the CUDA kernels on GPUs);
+  * jax_ep: FP8 and BF16 dispatch, BF16 combine with the weights at the combine
+    and, pre-summed per rank, at the dispatch (the CUDA kernels on GPUs);
   * all_to_all (portable): the same exchange on the portable backend, the
     per-expert padded [R, E_local*T, ...] jax.lax.all_to_all plus its packing;
     FP8 against FP8 (rows and scales, quantized inside, as jax_ep does);
@@ -72,27 +73,42 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   y_shape = (num_experts // num_ranks, num_ranks * tokens)
 
   @functools.cache
-  def combine_inputs() -> list:
-    """y, idx, w, recv_src, count: one dispatch's rows and layout, made once (on
-    first use, inside the combine rows' timers, so a failing dispatch fails
-    those rows), outside every timed loop."""
-    def dispatch_once(x, idx):
-      d = jax_ep.low_latency_dispatch(x, idx, config=config)
-      return d.x, d.count, d.handle.recv_src
+  def dispatched() -> list:
+    """y, recv_src, count, row_weights: one dispatch's rows, layout and rows'
+    weights (topk_weights given to it), made once (on first use, inside the
+    combine rows' timers, so a failing dispatch fails those rows), outside
+    every timed loop."""
+    def dispatch_once(x, idx, w):
+      d = jax_ep.low_latency_dispatch(x, idx, config=config, topk_weights=w)
+      return d.x, d.handle.recv_src, d.count, d.weights
     once = jax.jit(jax.shard_map(dispatch_once, mesh=mesh, in_specs=jax.P("ep"),
                                  out_specs=jax.P("ep")))
     glob = functools.partial(timing.global_array, mesh)
-    y, count, recv_src = (timing.local_part(o) for o in once(glob(x), glob(idx)))
-    return [y.reshape(y_shape + (hidden,)), idx, w, recv_src, count]
+    y, recv_src, count, row_weights = (timing.local_part(o)
+                                       for o in once(glob(x), glob(idx), glob(w)))
+    return [y.reshape(y_shape + (hidden,)), recv_src, count, row_weights.reshape(y_shape)]
 
-  def handle(recv_src, count):
-    return LowLatencyHandle(recv_src=recv_src, count=count, config=config, num_tokens=tokens)
+  def combine_inputs() -> list:
+    """y, idx, w, recv_src, count (the weights at the combine)."""
+    y, recv_src, count, _ = dispatched()
+    return [y, idx, w, recv_src, count]
+
+  def presummed_inputs() -> list:
+    """y, idx, recv_src, count, row_weights (the weights at the dispatch)."""
+    return [dispatched()[0], idx] + dispatched()[1:]
+
+  def handle(recv_src, count, row_weights=None):
+    return LowLatencyHandle(recv_src=recv_src, count=count, config=config, num_tokens=tokens,
+                            row_weights=row_weights)
 
   def ours_dispatch(fp8):
     return lambda x, i: jax_ep.low_latency_dispatch(x, i, config=config, use_fp8=fp8)
 
   def ours_combine(y, i, w, s, c):
     return jax_ep.low_latency_combine(y, i, w, handle(s, c), config=config)
+
+  def ours_combine_presummed(y, i, s, c, row_weights):
+    return jax_ep.low_latency_combine(y, i, None, handle(s, c, row_weights), config=config)
 
   runner = measure.Runner(mesh, num_calls, repeats)
   bare_of = {label: runner.time(f"bare all_to_all {label}",
@@ -115,6 +131,16 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   rows += [row_of("LL combine BF16", ours, mine, moved, bare_of["BF16"], base),
            row_of("LL combine BF16", PORTABLE, base, moved.received_only(),
                   bare_of["BF16"])]
+  # The weights given to the dispatch: one pre-summed row per (token, rank) back.
+  op = "LL combine BF16, pre-summed"
+  mine = runner.time(f"{op}, jax_ep", ours_combine_presummed, presummed_inputs, profile=True)
+  base = runner.time(f"{op}, all_to_all",
+                     lambda y, i, s, c, rw: portable.ll_combine_presummed(y, i, handle(s, c, rw)),
+                     presummed_inputs)
+  moved = traffic.ll_combine_presummed(counts, hidden)
+  rows += [row_of(op, ours, mine, moved, bare_of["BF16"], base,
+                  note="topk_weights given to the dispatch"),
+           row_of(op, PORTABLE, base, moved.received_only(), bare_of["BF16"])]
   # The protocol's fixed cost: the same calls moving no rows.
   nothing = np.full_like(idx, -1)
   rows.append(row_of("LL dispatch, no rows", ours,

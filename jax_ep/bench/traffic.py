@@ -141,6 +141,12 @@ def ll_combine(counts: RoutingCounts, hidden: int) -> Traffic:
                  _mean_into(counts.pairs, p, True, to_dest=False))
 
 
+def ll_combine_presummed(counts: RoutingCounts, hidden: int) -> Traffic:
+  """The LL combine with the weights at the dispatch: one row per (token, rank)
+  goes back, as in the HT combine."""
+  return ht_combine(counts, hidden)
+
+
 def bare_all_to_all(num_ranks: int, num_tokens: int, hidden: int, fp8: bool) -> Traffic:
   p = row_bytes(hidden, fp8)
   return Traffic(float(num_ranks * num_tokens * p), float((num_ranks - 1) * num_tokens * p))

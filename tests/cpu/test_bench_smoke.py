@@ -61,6 +61,10 @@ def test_bench_runs_and_compares_every_system_with_the_bare_exchange(tmp_path, m
                      "LL combine: sum of pair rows"} if mode == "ll" else
                     {"one tiny kernel", "HT BF16: copy of the rows",
                      "HT FP8: quantize of the rows"}), floors
+  if mode == "ll":  # both combines: the weights at the combine and at the dispatch
+    combines = {(r["op"], r["system"].split()[0]) for r in rows if "combine BF16" in r["op"]}
+    assert combines == {(op, system) for op in ("LL combine BF16", "LL combine BF16, pre-summed")
+                        for system in ("jax_ep", "all_to_all")}, combines
   assert "[rank 0] op " in result.stdout  # the table
 
 
