@@ -13,8 +13,8 @@
 #                 off, without the 1000- and 10,000-call tests
 #       long      those, at N = 2 with command buffers on
 #       rdma      every other PE looks reachable only by RDMA
-#                 (JAX_EP_TESTING_RDMA_PEERS=all): the LL suite and the HT ops'
-#                 documented behaviour, at N = 2 and 4
+#                 (JAX_EP_TESTING_RDMA_PEERS=all): the LL suite (the pre-summed
+#                 combine too) and the HT ops' documented behaviour, at N = 2 and 4
 #       faults    tests/gpu_faults at N = 2, one launcher run per test, the
 #                 killed-process tests with --keep_going and
 #                 JAX_ENABLE_RECOVERABILITY=1
@@ -24,8 +24,9 @@
 #       example   examples/moe_layer.py and examples/readme_use.py in one process
 #       ep1bench  jax_ep.bench --mode ht --layouts and --mode ll in one process
 #                 alone on the GPU (EP1: these times are speeds); EP1_BENCH_MODES
-#                 (default "ht ll") and EP1_BENCH_RUNS (default 1; more: their
-#                 medians by python -m jax_ep.bench.medians)
+#                 (default "ht ll"), EP1_BENCH_RUNS (default 1; more: their
+#                 medians by python -m jax_ep.bench.medians) and EP1_BENCH_ARGS
+#                 (more bench flags, e.g. --nobaselines)
 #       nvshmem4py nvshmem4py starts NVSHMEM, jax_ep joins it (tests/gpu_nvshmem4py;
 #                 needs the nvshmem4py-cu13, cuda-core, cuda-bindings and
 #                 cuda-pathfinder wheels carried in .whl)

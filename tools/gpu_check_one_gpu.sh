@@ -56,7 +56,8 @@ one_gpu_long() {  # the 1000- and 10,000-call tests, at N=2 with command buffers
 one_gpu_rdma() {
   local n
   for n in 2 4; do
-    one_gpu_run "rdma_n${n}" "$n" "tests/gpu/test_ll_gpu.py tests/gpu/test_rdma_peers_gpu.py" \
+    one_gpu_run "rdma_n${n}" "$n" \
+        "tests/gpu/test_ll_gpu.py tests/gpu/test_ll_presummed_gpu.py tests/gpu/test_rdma_peers_gpu.py" \
         "not 1000_calls" "" JAX_EP_TESTING_RDMA_PEERS=all XLA_FLAGS="${XLA_FLAGS:-}"
   done
 }
@@ -116,13 +117,15 @@ one_gpu_example() {  # the main job and the README's snippet, one process on the
 
 # EP1_BENCH_MODES (default "ht ll") and EP1_BENCH_RUNS (default 1): the
 # targets are medians of >= 5 runs (python -m jax_ep.bench.medians over the JSONs).
+# EP1_BENCH_ARGS: more bench flags (--nobaselines: no portable rows, quick runs).
 one_gpu_ep1_bench() {  # one process alone on the GPU (EP1): a speed measurement, unlike the rest
   local mode log rc run
   for ((run = 1; run <= ${EP1_BENCH_RUNS:-1}; run++)); do
     for mode in ${EP1_BENCH_MODES:-ht ll}; do
       log="$OUT/bench_ep1_${mode}_${run}.log"
+      # EP1_BENCH_ARGS may hold several flags. shellcheck disable=SC2086
       timeout "${BENCH_TIMEOUT_S:-600}" "$PY" -m jax_ep.bench --mode "$mode" --out_dir "$OUT" \
-          $([[ $mode == ht ]] && echo --layouts) > "$log" 2>&1
+          $([[ $mode == ht ]] && echo --layouts) ${EP1_BENCH_ARGS:-} > "$log" 2>&1
       rc=$?
       note "bench --mode $mode (EP1, one process, run $run) rc=$rc"
       sed -n '/^jax_ep bench/,$p' "$log" | grep -v "^in-kernel profile" | tee -a "$SUMMARY"

@@ -30,7 +30,7 @@ flags.DEFINE_bool("sweep", False, "ht: also sweep tokens per rank 128..8192 (JSO
 flags.DEFINE_string("plot", None, "ht --sweep: write the plot PNG here")
 flags.DEFINE_bool("ragged", False, "ht: time only the ragged_all_to_all (MaxText) baseline "
                   "and the bare all_to_all")
-flags.DEFINE_bool("baselines", True, "ht: also time the portable all_to_all paths "
+flags.DEFINE_bool("baselines", True, "also time the portable all_to_all paths "
                   "(--nobaselines: jax_ep and the bare all_to_all only, for quick A/B runs)")
 flags.DEFINE_bool("layouts", False, "ht: also time the expert-major layout against the "
                   "token-major one and the token-major one followed by a jnp sort")
@@ -64,7 +64,7 @@ def main(argv) -> int:
   if FLAGS.mode == "ll":
     from jax_ep.bench import ll  # pylint: disable=import-outside-toplevel
     rows, meta = ll.run(FLAGS.tokens or 128, FLAGS.hidden, FLAGS.num_experts, FLAGS.topk,
-                        FLAGS.num_calls, FLAGS.repeats, FLAGS.seed)
+                        FLAGS.num_calls, FLAGS.repeats, FLAGS.seed, baselines=FLAGS.baselines)
   else:
     from jax_ep.bench import ht  # pylint: disable=import-outside-toplevel
     rows, meta = ht.run(FLAGS.tokens or 4096, FLAGS.hidden, FLAGS.num_experts, FLAGS.topk,

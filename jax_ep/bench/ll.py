@@ -55,8 +55,9 @@ def portable_dispatch_op(config: jax_ep.EpConfig, fp8: bool) -> Callable:
 
 
 def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: int,
-        repeats: int, seed: int) -> tuple[list[Row], dict]:
-  """The LL table at ``tokens`` per rank; (rows, meta) with meta's run settings."""
+        repeats: int, seed: int, baselines: bool = True) -> tuple[list[Row], dict]:
+  """The LL table at ``tokens`` per rank; (rows, meta) with meta's run settings.
+  ``baselines=False``: no portable all_to_all rows (quick A/B runs)."""
   num_ranks = jax.device_count()
   rank = jax.process_index()
   mesh = jax.make_mesh((num_ranks,), ("ep",))
@@ -116,31 +117,33 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
                                 bare.inputs(x, num_ranks, fp8))
              for fp8, label in ((True, "FP8"), (False, "BF16"))}
   rows: list[Row] = []
+  def with_baseline(op: str, moved: traffic.Traffic, mine, portable_op, args, bare,
+                    note: str = "") -> list[Row]:
+    """jax_ep's row of ``op`` and, with baselines, the portable path's, timed the same way."""
+    if not baselines:
+      return [row_of(op, ours, mine, moved, bare, note=note)]
+    base = runner.time(f"{op}, all_to_all", portable_op, args)
+    return [row_of(op, ours, mine, moved, bare, base, note=note),
+            row_of(op, PORTABLE, base, moved.received_only(), bare)]
+
   for fp8, label in ((True, "FP8"), (False, "BF16")):
     op = f"LL dispatch {label}"
     mine = runner.time(f"{op}, jax_ep", ours_dispatch(fp8), [x, idx], profile=True)
-    base = runner.time(f"{op}, all_to_all", portable_dispatch_op(config, fp8), [x, idx])
-    moved = traffic.ll_dispatch(counts, hidden, fp8)
-    rows += [row_of(op, ours, mine, moved, bare_of[label], base),
-             row_of(op, PORTABLE, base, moved.received_only(), bare_of[label])]
+    rows += with_baseline(op, traffic.ll_dispatch(counts, hidden, fp8), mine,
+                          portable_dispatch_op(config, fp8), [x, idx], bare_of[label])
   mine = runner.time("LL combine BF16, jax_ep", ours_combine, combine_inputs, profile=True)
-  base = runner.time("LL combine BF16, all_to_all",
-                     lambda y, i, w, s, c: portable.ll_combine(y, i, w, handle(s, c)),
-                     combine_inputs)
-  moved = traffic.ll_combine(counts, hidden)
-  rows += [row_of("LL combine BF16", ours, mine, moved, bare_of["BF16"], base),
-           row_of("LL combine BF16", PORTABLE, base, moved.received_only(),
-                  bare_of["BF16"])]
-  # The weights given to the dispatch: one pre-summed row per (token, rank) back.
+  rows += with_baseline("LL combine BF16", traffic.ll_combine(counts, hidden), mine,
+                        lambda y, i, w, s, c: portable.ll_combine(y, i, w, handle(s, c)),
+                        combine_inputs, bare_of["BF16"])
+  # The weights given to the dispatch: one pre-summed row per (token, rank) back. No
+  # portable row: at DeepEP's LL shape its per-slot gather over every local expert
+  # ([R*T, E_local] rows per call) did not finish within 7 minutes on one H200
+  # (2026-12-01, d74090e); the per-pair combine above is its comparison.
   op = "LL combine BF16, pre-summed"
-  mine = runner.time(f"{op}, jax_ep", ours_combine_presummed, presummed_inputs, profile=True)
-  base = runner.time(f"{op}, all_to_all",
-                     lambda y, i, s, c, rw: portable.ll_combine_presummed(y, i, handle(s, c, rw)),
-                     presummed_inputs)
-  moved = traffic.ll_combine_presummed(counts, hidden)
-  rows += [row_of(op, ours, mine, moved, bare_of["BF16"], base,
-                  note="topk_weights given to the dispatch"),
-           row_of(op, PORTABLE, base, moved.received_only(), bare_of["BF16"])]
+  rows.append(row_of(op, ours, runner.time(f"{op}, jax_ep", ours_combine_presummed,
+                                           presummed_inputs, profile=True),
+                     traffic.ll_combine_presummed(counts, hidden), bare_of["BF16"],
+                     note="topk_weights given to the dispatch"))
   # The protocol's fixed cost: the same calls moving no rows.
   nothing = np.full_like(idx, -1)
   rows.append(row_of("LL dispatch, no rows", ours,
