@@ -386,17 +386,7 @@ class CudaBackend(XlaBackend):
 
   def ll_combine_presummed_send(self, rows: jax.Array,
                                 handle: LowLatencyHandle) -> LowLatencySent:
-    config = handle.config
-    require_low_latency(config, "low_latency_combine_send")
-    num_ranks = jax.lax.axis_size(config.axis_name)
-    why = self._combine_rows_unsupported(rows, handle.num_tokens, config, num_ranks)
-    if why is not None:
-      portable_fallback("low_latency_combine_send", config, *why)
-      return super().ll_combine_presummed_send(rows, handle)
-    ticket = _call("jax_ep_ll_combine_send", result_type((), I32, rows), rows,
-                   handle.row_weights.astype(F32), handle.recv_src, handle.count,
-                   num_tokens=np.int64(handle.num_tokens), config=config_attr(config, num_ranks))
-    return LowLatencySent(path="kernel", payload=ticket)
+    return self._ll_combine_send(rows, handle, presummed=True)
 
   def ll_combine_presummed_recv(self, sent: LowLatencySent, topk_idx: jax.Array,
                                 handle: LowLatencyHandle) -> jax.Array:
@@ -542,15 +532,23 @@ class CudaBackend(XlaBackend):
 
   def ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle) -> LowLatencySent:
     """Starts an LL combine; the kernel path hands its ticket to the recv."""
+    return self._ll_combine_send(rows, handle, presummed=False)
+
+  def _ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle,
+                       presummed: bool) -> LowLatencySent:
+    """The send kernel; ``presummed``: with the dispatch's rows' weights
+    (handle.row_weights), one pre-summed row per (token, rank)."""
     config = handle.config
     require_low_latency(config, "low_latency_combine_send")
     num_ranks = jax.lax.axis_size(config.axis_name)
     why = self._combine_rows_unsupported(rows, handle.num_tokens, config, num_ranks)
     if why is not None:
       portable_fallback("low_latency_combine_send", config, *why)
-      return super().ll_combine_send(rows, handle)
-    no_row_weights = jnp.zeros((config.experts_per_rank(num_ranks), 0), F32)
-    ticket = _call("jax_ep_ll_combine_send", result_type((), I32, rows), rows, no_row_weights,
+      portable = super().ll_combine_presummed_send if presummed else super().ll_combine_send
+      return portable(rows, handle)
+    row_weights = (handle.row_weights.astype(F32) if presummed
+                   else jnp.zeros((config.experts_per_rank(num_ranks), 0), F32))
+    ticket = _call("jax_ep_ll_combine_send", result_type((), I32, rows), rows, row_weights,
                    handle.recv_src, handle.count, num_tokens=np.int64(handle.num_tokens),
                    config=config_attr(config, num_ranks))
     return LowLatencySent(path="kernel", payload=ticket)
