@@ -310,6 +310,30 @@ __device__ __forceinline__ void route_tokens(const EpDims& d, const LlDispatchAr
   }
 }
 
+// A block's next token t (its previous one was t - grid): adds the tokens in
+// between, [t - grid, t), to rows_before, then a block barrier.
+__device__ __forceinline__ void advance_rows_before(const int* routing, int* rows_before, int t,
+                                                    int num_topk) {
+  for (int i = threadIdx.x; i < static_cast<int>(gridDim.x) * num_topk; i += blockDim.x) {
+    const int e = routing[static_cast<size_t>(t - gridDim.x) * num_topk + i];
+    if (e >= 0) atomicAdd(rows_before + e, 1);
+  }
+  __syncthreads();
+}
+
+// The weight of pair (t, e), e first named at entry k: every entry of the token
+// naming e (entry k and its repeats), summed in k order; 0 without weights.
+__device__ __forceinline__ float pair_weight(const int32_t* topk_idx, const float* topk_weights,
+                                             int t, int k, int e, int num_topk) {
+  float weight = 0.0f;
+  if (topk_weights != nullptr) {
+    for (int j = k; j < num_topk; ++j) {
+      if (__ldg(topk_idx + t * num_topk + j) == e) weight += __ldg(topk_weights + t * num_topk + j);
+    }
+  }
+  return weight;
+}
+
 // kDirectSelf (one-call BF16 op): the pairs this rank sends itself get only
 // their header (t, 2, w); the receive part reads their payload from x, so no
 // copy of it goes through dispatch_tokens.
@@ -369,11 +393,7 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
   for (int t = first_token; t < num_tokens; t += gridDim.x) {
     if (t != first_token) {
       if (may_send_payload) pieces = load_pieces<kFp8>(token_row(t), 0, d.hidden);
-      for (int i = threadIdx.x; i < static_cast<int>(gridDim.x) * num_topk; i += blockDim.x) {
-        const int e = routing[static_cast<size_t>(t - gridDim.x) * num_topk + i];
-        if (e >= 0) atomicAdd(rows_before + e, 1);
-      }
-      __syncthreads();
+      advance_rows_before(routing, rows_before, t, num_topk);
     }
     if (threadIdx.x < num_topk) {
       const int k = threadIdx.x;
@@ -384,15 +404,7 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
         const int slot = rows_before[e];
         s_slot[k] = slot;
         s_total[k] = rows_per_expert[e];
-        // The pair's weight: every entry of the token choosing e (this first
-        // one and its repeats), summed in k order.
-        float weight = 0.0f;
-        if (topk_weights != nullptr) {
-          for (int j = k; j < num_topk; ++j) {
-            if (__ldg(topk_idx + t * num_topk + j) == e) weight += __ldg(topk_weights + t * num_topk + j);
-          }
-        }
-        s_weight_bits[k] = __float_as_int(weight);
+        s_weight_bits[k] = __float_as_int(pair_weight(topk_idx, topk_weights, t, k, e, num_topk));
         char* dst_local = recv_base +
             ((static_cast<size_t>(le) * d.num_ranks + d.rank) * d.ll_max_tokens + slot) * msg_bytes;
         const bool own = r == d.rank;
@@ -522,11 +534,7 @@ __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
   for (int t = first_token; t < num_tokens; t += gridDim.x) {
     if (t != first_token) {
       pieces = load_pieces<kFp8>(token_row(t), 0, d.hidden);
-      for (int i = threadIdx.x; i < static_cast<int>(gridDim.x) * num_topk; i += blockDim.x) {
-        const int e = routing[static_cast<size_t>(t - gridDim.x) * num_topk + i];
-        if (e >= 0) atomicAdd(rows_before + e, 1);
-      }
-      __syncthreads();
+      advance_rows_before(routing, rows_before, t, num_topk);
     }
     if (threadIdx.x < num_topk) {
       const int k = threadIdx.x;
@@ -536,14 +544,9 @@ __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
         const int row = e * rows_per_expert + rows_before[e];
         s_row[k] = row;
         args.out_recv_src[row] = t;  // source rank 0
-        // Every entry of the token choosing e, summed in k order.
-        float weight = 0.0f;
-        if (topk_weights != nullptr) {
-          for (int j = k; j < num_topk; ++j) {
-            if (__ldg(topk_idx + t * num_topk + j) == e) weight += __ldg(topk_weights + t * num_topk + j);
-          }
+        if (args.out_weights != nullptr) {
+          args.out_weights[row] = pair_weight(topk_idx, topk_weights, t, k, e, num_topk);
         }
-        if (args.out_weights != nullptr) args.out_weights[row] = weight;
       }
     }
     __syncthreads();

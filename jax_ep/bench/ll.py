@@ -96,7 +96,8 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
 
   def presummed_inputs() -> list:
     """y, idx, recv_src, count, row_weights (the weights at the dispatch)."""
-    return [dispatched()[0], idx] + dispatched()[1:]
+    y, recv_src, count, row_weights = dispatched()
+    return [y, idx, recv_src, count, row_weights]
 
   def handle(recv_src, count, row_weights=None):
     return LowLatencyHandle(recv_src=recv_src, count=count, config=config, num_tokens=tokens,
