@@ -353,7 +353,7 @@ ffi::Error LlCombineRecvImpl(cudaStream_t stream, int32_t device, CallConfig con
                              ffi::Result<ffi::AnyBuffer> out) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
   // No weights here: the send applied the dispatch's (pre-summed combine).
-  const bool presummed = topk_weights.dimensions()[1] == 0 && runtime.dims().num_topk != 0;
+  const bool presummed = topk_weights.dimensions()[1] == 0;
   JAX_EP_RETURN_IF_ERROR(CheckRouting(runtime, topk_idx, topk_weights, presummed));
   const int64_t num_tokens = topk_idx.dimensions()[0];
   JAX_EP_RETURN_IF_ERROR(CheckCombineOutput(runtime, num_tokens, out, /*with_rows=*/true));
