@@ -58,7 +58,7 @@ def main(argv) -> int:
   import jax  # pylint: disable=import-outside-toplevel
   import jax_ep  # pylint: disable=import-outside-toplevel
   # pylint: disable-next=import-outside-toplevel
-  from jax_ep.bench import kernel_profile, provenance, results
+  from jax_ep.bench import gpu_timeline, kernel_profile, provenance, results
 
   record = provenance.record(sys.argv)
   if FLAGS.mode == "ll":
@@ -85,7 +85,7 @@ def main(argv) -> int:
     if path:  # first: a failure while printing must not lose the numbers
       results.write_json(path, payload)
     brief = {k: v for k, v in meta.items()
-             if k not in ("sweep", "kernel_profile", "sm_sweep", "routing")}
+             if k not in ("sweep", "kernel_profile", "sm_sweep", "routing", "timeline")}
     machine = record["machine"]
     print("\n" + results.format_table(
         rows, f"jax_ep bench --mode {FLAGS.mode} on {machine['device_count']}x "
@@ -94,6 +94,8 @@ def main(argv) -> int:
     for label, profile in meta.get("kernel_profile", {}).items():
       print(f"in-kernel profile (rank 0, us per call): {label}: "
             f"{kernel_profile.format_profile(profile)}")
+    for label, summary in meta.get("timeline", {}).items():
+      print(f"timeline (rank 0, per call): {label}: {gpu_timeline.format_summary(summary)}")
     for point in meta.get("sm_sweep", []):
       print(f"SM budget {point['num_sms']}: " + ", ".join(
           f"{k}: {v:.1f} us" if v is not None else f"{k}: FAILED" for k, v in point["us"].items()))

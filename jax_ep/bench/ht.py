@@ -237,6 +237,8 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     meta["expert_alignments"] = list(layout_rows.ALIGNMENTS)
   if runner.profiles:
     meta["kernel_profile"] = runner.profiles
+  if runner.timelines:
+    meta["timeline"] = runner.timelines
   if sm_sweep:
     meta["sm_sweep"] = [_point(mesh, tokens, hidden, num_experts, num_topk, seed, n, num_calls,
                                repeats, baselines=False) for n in sm_sweep]

@@ -167,5 +167,6 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
               short_calls=timing.short_calls_of(max(num_calls, 2)), repeats=repeats, seed=seed,
               ll_max_tokens_per_rank=tokens,
               routing=dict(pairs=counts.pairs.tolist(), tokens=counts.tokens.tolist()),
-              kernel_profile_rank=rank, kernel_profile=runner.profiles)
+              kernel_profile_rank=rank, kernel_profile=runner.profiles,
+              timeline=runner.timelines)
   return rows, meta

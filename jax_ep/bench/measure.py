@@ -17,7 +17,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from jax_ep.bench import kernel_profile, timing
+from jax_ep.bench import gpu_timeline, kernel_profile, timing
 from jax_ep.bench.timing import Timing
 
 ERROR_BYTES = 2048  # error text kept per rank (UTF-8, truncated)
@@ -101,13 +101,15 @@ class Runner:
     self.repeats = repeats
     self.context = context
     self.profiles: dict[str, dict] = {}  # label -> this rank's kernel profile
+    self.timelines: dict[str, dict] = {}  # label -> this rank's timeline (JAX_EP_TIMELINE=1)
 
   def time(self, label: str, op: Callable, args, *, profile: bool = False,
            single_shot: bool = False, num_calls: int | None = None) -> Outcome:
     """Outcome of ``op`` (per shard, inside jit(shard_map)) on ``args``.
 
     profile: with JAX_EP_PROFILE=1 on the CUDA backend, keep the kernels'
-    in-kernel profile of the timed calls.
+    in-kernel profile of the timed calls. With JAX_EP_TIMELINE=1 every
+    system's timeline is kept too (gpu_timeline.py), after its timing.
     single_shot: every executable runs once (timing.time_single_shot says when
     that is needed).
     """
@@ -119,8 +121,17 @@ class Runner:
       if single_shot:
         return timing.time_single_shot(op, self.mesh, local_args, calls)
       keep_profile = profile and kernel_profile.enabled()
-      measured = timing.time_per_call(op, self.mesh, local_args, calls, self.repeats,
-                                      after_warmup=kernel_profile.reset if keep_profile else None)
+
+      def keep_timeline(run_once: Callable[[], None]) -> None:
+        summary = gpu_timeline.record(run_once, calls)
+        self.timelines[f"{self.context}{label}"] = summary
+        print(f"timeline rank {rank}: {self.context}{label}: "
+              f"{gpu_timeline.format_summary(summary)}", flush=True)
+
+      measured = timing.time_per_call(
+          op, self.mesh, local_args, calls, self.repeats,
+          after_warmup=kernel_profile.reset if keep_profile else None,
+          after_timing=keep_timeline if gpu_timeline.enabled() else None)
       if keep_profile:
         self.profiles[f"{self.context}{label}"] = kernel_profile.read()
         print(f"profile rank {rank}: {self.context}{label}: "

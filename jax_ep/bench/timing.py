@@ -125,12 +125,15 @@ def executable(per_shard_op: Callable, mesh: jax.sharding.Mesh, num_calls: int) 
 def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
                   num_calls: int = 50, repeats: int = 7,
                   after_warmup: Callable[[], None] | None = None,
-                  clock: Clock = time.perf_counter) -> Timing:
+                  clock: Clock = time.perf_counter,
+                  after_timing: Callable[[Callable[[], None]], None] | None = None) -> Timing:
   """Per-call time (us) of ``per_shard_op`` inside jit(shard_map), on this process.
 
   ``local_args``: this process's shards (numpy), EP-sharded along axis 0.
   ``after_warmup`` runs between the warm-ups and the timed executions (all
   executions of both loop lengths then count in whatever it resets).
+  ``after_timing`` gets, after the timed executions, a function that runs the
+  long executable once more (gpu_timeline.record profiles that execution).
   """
   num_calls = max(num_calls, 2)
   fns = {n: executable(per_shard_op, mesh, n) for n in (num_calls, short_calls_of(num_calls))}
@@ -140,7 +143,11 @@ def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
     jax.block_until_ready(fn(*args))
   if after_warmup is not None:
     after_warmup()
-  return time_loops(lambda n: jax.block_until_ready(fns[n](*args)), num_calls, repeats, clock)
+  measured = time_loops(lambda n: jax.block_until_ready(fns[n](*args)), num_calls, repeats,
+                        clock)
+  if after_timing is not None:
+    after_timing(lambda: jax.block_until_ready(fns[num_calls](*args)))
+  return measured
 
 
 def time_single_shot(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
