@@ -78,7 +78,13 @@
 //
 // One rank (R = 1), one-call ops: the dispatch's sender writes the results
 // itself (dispatch_single_rank: no messages, flags or receive part) and the
-// combine has no send part (step 6 reads every row from y).
+// combine has no send part (step 6 reads every row from y). Neither has the
+// last-block epilogue below: block 0 advances the sequence number, and a split
+// send of the same kind awaiting its receive (read by every block at its
+// start; no block writes it) is recorded as a protocol fault by block 0 and
+// voids the dispatch's counts (-1, written by each expert's block). With no
+// peer nothing can be out of step, so a fault recorded before the call does
+// not void it (the next execution fails on it, in the prepare stage).
 //
 // Faults: a wait that times out records the fault (device_common.cuh) and the
 // call's results are void, so they are marked: a dispatch receive block whose
@@ -496,11 +502,12 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
 // sender writes the results itself: pair (t, e) goes straight to output row
 // rows_before[e] of expert e (the tokens before t choosing e), with its source
 // and weight; no messages, flags or receive part. Block e % grid writes
-// count[e] and the rows past it (source -1, weight 0).
+// count[e] (-1 when `void_call`) and the rows past it (source -1, weight 0).
 template <bool kFp8>
 __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
                                                      const LlDispatchArgs& args,
-                                                     const int* masked, int* smem) {
+                                                     const int* masked, int* smem,
+                                                     bool void_call) {
   __shared__ int s_expert[kMaxTopk];
   __shared__ int s_row[kMaxTopk];  // the pair's output row: e * T_ll + slot
   __shared__ int s_invalid;
@@ -524,7 +531,7 @@ __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
                &s_invalid);
   for (int e = blockIdx.x; e < d.experts_per_rank; e += gridDim.x) {
     const int count = rows_per_expert_of[e];
-    if (threadIdx.x == 0) args.out_count[e] = count;
+    if (threadIdx.x == 0) args.out_count[e] = void_call ? -1 : count;
     for (int row = count + threadIdx.x; row < rows_per_expert; row += blockDim.x) {
       const size_t out_row = static_cast<size_t>(e) * rows_per_expert + row;
       args.out_recv_src[out_row] = -1;
@@ -744,27 +751,40 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
   // docs/benchmarks.md "What was tried").
   constexpr bool kDirectSelf = kSend && kRecv && !kFp8;
   DeviceCounters* counters = ctx.counters;
+  if constexpr (kSingleRank) {
+    // One rank: no peer can be out of step, so no grid-wide epilogue (the
+    // arrival counter and its dependent loads cost about 1.5 us per call) and
+    // no look at earlier faults (the host-mapped status word costs about 0.9
+    // us to read; the next execution fails on them anyway, in the prepare
+    // stage). A split send awaiting its receive is still a protocol fault:
+    // every block reads the pairing word at its start (nothing in this kernel
+    // writes it) and voids its experts' counts, block 0 records the fault.
+    static_assert(kSend && kRecv, "one rank: the one-call op only");
+    const bool void_call = ld_volatile_u32(&counters->ll_dispatch_outstanding) != 0u;
+    load_rank_mask(ctx, s_masked);  // published by the first barrier below
+    profile_start(ctx, 0);
+    dispatch_single_rank<kFp8>(ctx, args, s_masked, smem, void_call);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      if (void_call) record_fault(ctx.status, kStatusProtocol, kOpLlDispatch, ctx.dims.rank, 0);
+      counters->ll_dispatch_seq += 1u;  // read by later kernels only
+    }
+    profile_end_block0(ctx, 0);
+    return;
+  }
   const uint32_t seq = call_seq<kSend>(&counters->ll_dispatch_seq, args.ticket_in);
   // A fault recorded before this call voids it too (its waits may have given
   // up at once). Read now, used at the end: the status word is host memory.
   const bool earlier_fault = kRecv && blockIdx.x == 0 && threadIdx.x == 0 &&
                              fault_recorded(ctx.status);
   load_rank_mask(ctx, s_masked);  // published by the first barrier below
-  if constexpr (kSingleRank) {
-    static_assert(kSend && kRecv, "one rank: the one-call op only");
-    profile_start(ctx, 0);
-    dispatch_single_rank<kFp8>(ctx, args, s_masked, smem);
-    profile_end_block0(ctx, 0);
-    profile_start(ctx, 1);
-    if (earlier_fault) counters->ll_dispatch_lost = 1u;
-  } else if constexpr (kSend) {
+  if constexpr (kSend) {
     profile_start(ctx, 0);
     dispatch_send_part<kFp8, kDirectSelf>(ctx, seq, args, s_masked, smem);
     if constexpr (kRecv) profile_end_block0(ctx, 0);
   } else {
     __syncthreads();
   }
-  if constexpr (kRecv && !kSingleRank) {
+  if constexpr (kRecv) {
     profile_start(ctx, 1);
     const bool lost = dispatch_recv_part<kFp8, kDirectSelf>(ctx, seq, args, s_masked);
     if ((lost || earlier_fault) && threadIdx.x == 0) counters->ll_dispatch_lost = 1u;
@@ -1044,6 +1064,11 @@ __global__ void __launch_bounds__(kThreads, 1) ll_combine(LlContext ctx, LlCombi
   __shared__ int s_masked[kMaxRanks];
   DeviceCounters* counters = ctx.counters;
   const uint32_t seq = call_seq<kSend>(&counters->ll_combine_seq, args.ticket_in);
+  // One rank, one call: no send part and no grid-wide epilogue (see
+  // ll_dispatch); block 0 checks the pairing word at its start.
+  const bool single_rank = kDirectSelf && ctx.dims.num_ranks == 1;
+  const bool split_send_outstanding = single_rank && blockIdx.x == 0 && threadIdx.x == 0 &&
+                                      ld_volatile_u32(&counters->ll_combine_outstanding) != 0u;
   // Loaded now, used later: the rank mask, the count of the block's first
   // expert and the routing of the block's first token.
   const int first_count = kSend && static_cast<int>(blockIdx.x) < ctx.dims.experts_per_rank
@@ -1063,14 +1088,22 @@ __global__ void __launch_bounds__(kThreads, 1) ll_combine(LlContext ctx, LlCombi
   if constexpr (kSend) {
     profile_start(ctx, 2);
     // One rank, one call: every row is its own, read in place; nothing to send.
-    if (!(kDirectSelf && ctx.dims.num_ranks == 1)) {
-      combine_send_part<kDirectSelf>(ctx, seq, args, s_masked, first_count);
-    }
+    if (!single_rank) combine_send_part<kDirectSelf>(ctx, seq, args, s_masked, first_count);
     if constexpr (kRecv) profile_end_block0(ctx, 2);
   }
   if constexpr (kRecv) {
     profile_start(ctx, 3);
     combine_recv_part<kDirectSelf>(ctx, seq, args, s_masked, first_expert, first_weight);
+  }
+  if (single_rank) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      if (split_send_outstanding) {
+        record_fault(ctx.status, kStatusProtocol, kOpLlCombine, ctx.dims.rank, 0);
+      }
+      counters->ll_combine_seq = seq;  // read by later kernels only
+    }
+    profile_end_block0(ctx, 3);
+    return;
   }
   finish_call<kParts>(ctx, seq, &counters->ll_combine_send_done, &counters->ll_combine_recv_done,
                       &counters->ll_combine_outstanding, &counters->ll_combine_seq,
