@@ -38,7 +38,8 @@ flags.DEFINE_list("sm_sweep", [], "ht: also time jax_ep at these SM budgets (EpC
 FLAGS = flags.FLAGS
 
 TIMING = ("in-graph slope: (median T(N) - median T(N/5)) / (N - N/5), T = wall time of one "
-          "execution of an executable of N dependent unrolled calls; max over ranks")
+          "execution of an executable of N dependent unrolled calls, after warm-up executions "
+          "of 5000 calls; max over ranks")
 
 # MaxText-style ragged_all_to_all across processes (one GPU each) needs XLA's
 # NCCL send/recv path, which XLA refuses unless asked; must be set before the

@@ -9,7 +9,12 @@ warm-up), each loop length executed ``repeats`` times, alternately. The slope
 drops what one execution costs whatever n is (the host's launch and the final
 sync), which a plain T(N) / N would spread over the calls. Calls are dependent
 and unrolled in one executable (no host round trip between them; see loop_of).
-Every system is timed this same way, in the same run.
+Before the timed executions the long executable runs until WARMUP_CALLS calls
+have run: a GPU left idle while the next system compiles drops its clocks, and
+the few milliseconds of timed executions would otherwise run while they climb
+back (the shortest calls spread most). A count of calls, not a time, so that
+every rank runs the same executions (the calls of one rank wait for its
+peers'). Every system is timed this same way, in the same run.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 Clock = Callable[[], float]  # seconds, monotonic (time.perf_counter)
+
+WARMUP_CALLS = 5000  # calls of warm-up executions before each system's timing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +97,11 @@ def time_loops(run: Callable[[int], None], num_calls: int, repeats: int,
                 short_calls, repeats)
 
 
+def warmup_executions(num_calls: int, warmup_calls: int = WARMUP_CALLS) -> int:
+  """Executions of the num_calls-call loop that run at least warmup_calls calls."""
+  return max(1, -(-warmup_calls // max(num_calls, 1)))
+
+
 def loop_of(op: Callable, num_calls: int) -> Callable:
   """``num_calls`` dependent calls of ``op(*args)`` in one executable; returns a scalar.
 
@@ -126,10 +138,13 @@ def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
                   num_calls: int = 50, repeats: int = 7,
                   after_warmup: Callable[[], None] | None = None,
                   clock: Clock = time.perf_counter,
-                  after_timing: Callable[[Callable[[], None]], None] | None = None) -> Timing:
+                  after_timing: Callable[[Callable[[], None]], None] | None = None,
+                  warmup_calls: int = WARMUP_CALLS) -> Timing:
   """Per-call time (us) of ``per_shard_op`` inside jit(shard_map), on this process.
 
   ``local_args``: this process's shards (numpy), EP-sharded along axis 0.
+  ``warmup_calls``: calls of executions of the long loop before the timed ones
+  (module docstring).
   ``after_warmup`` runs between the warm-ups and the timed executions (all
   executions of both loop lengths then count in whatever it resets).
   ``after_timing`` gets, after the timed executions, a function that runs the
@@ -141,6 +156,8 @@ def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
   for fn in fns.values():
     jax.block_until_ready(fn(*args))  # compile + warm up
     jax.block_until_ready(fn(*args))
+  for _ in range(warmup_executions(num_calls, warmup_calls)):
+    jax.block_until_ready(fns[num_calls](*args))
   if after_warmup is not None:
     after_warmup()
   measured = time_loops(lambda n: jax.block_until_ready(fns[n](*args)), num_calls, repeats,

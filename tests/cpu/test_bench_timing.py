@@ -92,6 +92,28 @@ def test_time_per_call_times_the_long_and_the_short_executable_with_the_clock():
   assert result.short_calls == 2
 
 
+def test_warm_up_runs_the_long_loop_for_a_fixed_number_of_calls():
+  """Before the timed executions: WARMUP_CALLS calls' worth of long-loop
+  executions, a count (the same on every rank), not a time."""
+  assert timing.warmup_executions(50) == timing.WARMUP_CALLS // 50
+  assert timing.warmup_executions(3000, 5000) == 2   # rounded up
+  assert timing.warmup_executions(10, 1) == 1        # at least one
+  calls = []
+
+  def op(x):
+    jax.debug.callback(lambda: calls.append(1))
+    return x * 2
+
+  mesh = jax.make_mesh((jax.device_count(),), ("ep",))
+  x = np.ones((jax.device_count(), 8), np.float32)
+  timing.time_per_call(op, mesh, [x], num_calls=10, repeats=3, warmup_calls=45)
+  jax.effects_barrier()
+  # compile + 1 more execution of each length, 5 warm-up executions of the long
+  # one, then 3 timed executions of each: 10- and 2-call loops.
+  long_runs, short_runs = 2 + 5 + 3, 2 + 3
+  assert len(calls) == (10 * long_runs + 2 * short_runs) * jax.device_count()
+
+
 def test_loop_keeps_every_output_leaf():
   """XLA drops a barrier output that nothing reads, and the work behind it: the
   loop must read one element of every leaf, or the second leaf's matmul goes."""
