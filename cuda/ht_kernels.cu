@@ -39,10 +39,6 @@
 //   The only wait on a block of this kernel is every block's wait for block
 //   0's counts (block 0 publishes before it waits); a rank waits for a peer's
 //   rows only in step 4.
-//   One rank: nothing is published or received; each sender warp's rows go
-//   through its shared-memory slot by a bulk load and a bulk store of lane 0
-//   (bulk_copy.cuh; the slot is the warp's alone), the rest of a row wider
-//   than the slot through registers.
 // Buffer reuse:
 //   * recv_*/chunk_arrived: a peer writes them for the next dispatch only after
 //     this rank's notify flag of that dispatch, which this rank sends in the
@@ -62,10 +58,7 @@
 //     whose source is this rank stay where they are, in y.
 //   ht_combine_recv: waits for every rank's combine flag; out[t] = sum over
 //     ranks r with send_row[t][r] >= 0 of combine_recv[p][r][t] (r != me) or
-//     y[send_row[t][me]] (r == me), in fp32, in rank order. With one rank
-//     (no send kernel, no flags) each warp's row of y comes into its
-//     shared-memory slot by a bulk load of lane 0 and the warp sums it from
-//     there.
+//     y[send_row[t][me]] (r == me), in fp32, in rank order.
 // A combine sends without a handshake, so its buffers alternate by parity: a
 // peer can write parity p again two combines later only after receiving this
 // rank's rows of the combine in between, sent after this rank read parity p.
@@ -85,7 +78,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "cuda/bulk_copy.cuh"
 #include "cuda/device_common.cuh"
 #include "cuda/ht_launch.h"
 #include "cuda/transport.cuh"
@@ -224,23 +216,6 @@ __host__ __device__ constexpr size_t dispatch_smem_bytes(int num_tokens, int til
                                                          int num_ranks) {
   return dispatch_mask_bytes(num_tokens) +
          sizeof(int) * static_cast<size_t>(dispatch_num_tiles(num_tokens, tile_tokens)) * num_ranks;
-}
-
-// One rank: the senders' row slots (bulk copies) follow the send plan, in
-// the dynamic shared memory the device lets the kernel have
-// (g_dispatch_single_rank_smem, set by PrepareHtKernels).
-size_t g_dispatch_single_rank_smem = 0;
-
-__host__ __device__ constexpr size_t dispatch_slots_offset(int num_tokens, int tile_tokens,
-                                                           int num_ranks) {
-  return (dispatch_smem_bytes(num_tokens, tile_tokens, num_ranks) + 15) / 16 * 16;
-}
-
-// Bytes of each of the kWarps row slots within `budget` bytes of dynamic
-// shared memory (a multiple of 16, at most the row; 0: none fit).
-__host__ __device__ constexpr size_t slot_bytes_within(size_t budget, size_t row_bytes) {
-  return budget / kWarps / 16 * 16 < (row_bytes + 15) / 16 * 16 ? budget / kWarps / 16 * 16
-                                                                : (row_bytes + 15) / 16 * 16;
 }
 
 // The count exchange, first half (block 0, threads < R, once s_total holds
@@ -465,18 +440,12 @@ static_assert(publish_tokens(7168 * 2) == 4 && publish_tokens(7168) == 8, "see a
 // kSingleRank (one rank): every row goes to this rank's own outputs, so
 // nothing is published and the registers of the held chunks go to a deeper
 // BF16 load batch (16 vectors per lane instead of 8: at EP1 the copy is bound
-// by the loads in flight per SM, not by a link). With `slot` (slot_bytes > 0)
-// the first slot_bytes of each row also go through the warp's shared-memory
-// slot, by one bulk load and one bulk store issued by lane 0 (bulk_copy.cuh;
-// `slot_full` is the slot's barrier): the row's loads are in flight in one
-// round instead of two, and the registers hold only the rest of it.
+// by the loads in flight per SM, not by a link).
 template <bool kHasScales, bool kSingleRank>
 __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const HtDispatchArgs& args,
                                                    int send_block, int num_send_blocks,
                                                    int* s_tpe, const int* s_row_offset,
-                                                   const uint8_t* s_mask, const int* s_tile_base,
-                                                   uint8_t* slot, int slot_bytes,
-                                                   uint64_t* slot_full) {
+                                                   const uint8_t* s_mask, const int* s_tile_base) {
   // Where rows for rank r go: r's recv_x, or this rank's XLA output for r == me.
   __shared__ char* s_dst_x[kHtMaxRanks];
   __shared__ size_t s_dst_stride[kHtMaxRanks];
@@ -513,13 +482,6 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   int held_chunks[kMaxHeldTokens];
   int num_held = 0;
   const int tokens_per_publication = publish_tokens(args.row_bytes);
-  // The slot (kSingleRank): vectors of each row it carries, the parity of its
-  // barrier's next phase, and whether a bulk store from it may still read it.
-  const int bulk_vec = kSingleRank ? min(slot_bytes / 16, num_vec) : 0;
-  uint32_t slot_phase = 0;
-  bool slot_stored = false;
-  if (kSingleRank && bulk_vec > 0 && lane == 0) mbarrier_init_one(slot_full);
-  __syncwarp();
   for (int t = first_token; t < args.num_tokens; t += tile_tokens) {
     // Every load of token t goes out before its first store: its top-k and
     // weights (lane k), its scales and the first batch of its row. One
@@ -538,30 +500,16 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     }
     const int4* src = reinterpret_cast<const int4*>(static_cast<const char*>(args.x) +
                                                     static_cast<size_t>(t) * args.x_row_stride);
-    // kSingleRank: the row's first bulk_vec vectors through the slot.
-    const int slot_row = kSingleRank && bulk_vec > 0 ? __shfl_sync(0xffffffffu, my_row, 0) : -1;
-    if (slot_row >= 0 && lane == 0) {
-      if (slot_stored) bulk_wait_reads();
-      bulk_load(slot, src, static_cast<uint32_t>(bulk_vec) * 16, slot_full);
-    }
-    const int first_vec = slot_row >= 0 ? bulk_vec : 0;
     int4 batch[kUnroll];
-    warp_load_batch(batch, src, first_vec, num_vec, lane);
+    warp_load_batch(batch, src, 0, num_vec, lane);
     if (lane < R) args.out_send_row[t * R + lane] = my_row;
     if (t + tile_tokens < args.num_tokens) {
       next_row = token_row(s_mask, s_tile_base, s_row_offset, t + tile_tokens, tile_tokens, R,
                            args.capacity, lane);
     }
-    if (slot_row >= 0 && lane == 0) {
-      mbarrier_wait_parity(slot_full, slot_phase);
-      slot_phase ^= 1u;
-      bulk_store(s_dst_x[0] + static_cast<size_t>(slot_row) * s_dst_stride[0], slot,
-                 static_cast<uint32_t>(bulk_vec) * 16);
-      slot_stored = true;
-    }
     // Each batch of the row is loaded once and stored to every destination.
-    for (int base = first_vec; base < num_vec; base += kUnroll * kWarpSize) {
-      if (base > first_vec) warp_load_batch(batch, src, base, num_vec, lane);
+    for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
+      if (base > 0) warp_load_batch(batch, src, base, num_vec, lane);
       for (int r = 0; r < R; ++r) {
         const int row = __shfl_sync(0xffffffffu, my_row, r);
         if (row < 0) continue;
@@ -627,7 +575,6 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     }
     num_held = 0;
   }
-  if (slot_stored && lane == 0) bulk_wait_all();  // before the block exits
 }
 
 // Rows of a chunk per warp (their top-k, weights, source and scales).
@@ -757,14 +704,10 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
   return waited_ns;
 }
 
-// kSingleRank: slot_bytes > 0 puts kWarps row slots of slot_bytes after the
-// send plan (dispatch_send_role).
 template <bool kHasScales, bool kSingleRank>
 __global__ void __launch_bounds__(kThreads, 1)
-    ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks, int slot_bytes) {
-  // Senders: dispatch_smem_bytes(), then (kSingleRank) the row slots.
-  extern __shared__ __align__(16) uint8_t s_send_plan[];
-  __shared__ uint64_t s_slot_full[kWarps];
+    ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks) {
+  extern __shared__ __align__(16) uint8_t s_send_plan[];  // senders: dispatch_smem_bytes()
   __shared__ int s_prefix[kHtMaxRanks + 1];
   __shared__ int s_row_offset[kHtMaxRanks];
   __shared__ int s_tpe[1024];
@@ -816,12 +759,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kept = min(received, args.capacity);
   uint64_t waited_ns = 0;  // thread 0 of a receiver block (profiling)
   if (sender) {
-    const int warp = threadIdx.x / kWarpSize;
-    uint8_t* slots = s_send_plan + dispatch_slots_offset(args.num_tokens, tile_tokens, d.num_ranks);
     dispatch_send_role<kHasScales, kSingleRank>(ctx, args, blockIdx.x, num_send_blocks, s_tpe,
-                                                s_row_offset, s_mask, s_tile_base,
-                                                slots + static_cast<size_t>(warp) * slot_bytes,
-                                                slot_bytes, &s_slot_full[warp]);
+                                                s_row_offset, s_mask, s_tile_base);
     __syncthreads();
     ht_profile_role_end(ctx, kProfDispatchSend);
   }
@@ -874,7 +813,6 @@ struct CombinePass {
   size_t row_stride;  // bytes per row of y and out (W * element size)
   size_t offset;
   size_t bytes;
-  size_t slot_bytes;  // one source: each warp's row slot in shared memory (a multiple of 16)
 };
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -958,29 +896,19 @@ __device__ __forceinline__ const int4* combine_source(const HtContext& ctx,
       (static_cast<size_t>(r) * ctx.dims.max_tokens + t) * static_cast<size_t>(ctx.dims.hidden) * 2);
 }
 
-// Shared memory of the one-source combine's row slots (one per warp; a row
-// wider than its slot goes through it in pieces), as much as the device lets
-// the kernel have (set by PrepareHtKernels): 16 slots of a bf16 row of hidden
-// 7168 (14336 bytes) fit the 227 KB of an H200's SM.
-size_t g_combine_slots_smem = 0;
-
 // kSources = 2 (R = 2): both ranks' loads are in flight together and summed
 // without an accumulator array, which leaves registers for twice the bytes in
 // flight per SM (the sum is bound by load latency, by Little's law: about
 // 64 KB in flight per SM gave 1.5 TB/s at 24 SMs). kSources = 1 (R = 1): the
-// rank's own rows only, and no flag to wait for (nothing is sent:
-// LaunchCombinePass skips ht_combine_send); each warp's row comes into its
-// shared-memory slot by one bulk copy (bulk_copy.cuh: up to 224 KB in flight
-// per SM, against the 128 KB that registers held) and goes out from there.
-// kSources = 0: any R. Sums run in rank order from 0.0f in every path, so all
-// give the same bits. A token whose rows did not all arrive (a peer's flag
-// timed out, or the dispatch itself faulted) gets NaN.
+// rank's own rows only, those registers as one load batch twice as deep, and
+// no flag to wait for (nothing is sent: LaunchCombinePass skips
+// ht_combine_send). kSources = 0: any R. Sums run in rank order from 0.0f in
+// every path, so all give the same bits. A token whose rows did not all
+// arrive (a peer's flag timed out, or the dispatch itself faulted) gets NaN.
 template <typename T, int kSources>
 __global__ void __launch_bounds__(kThreads, 1)
     ht_combine_recv(HtContext ctx, HtCombineArgs args, CombinePass pass) {
   using E = RowElements<T>;
-  extern __shared__ __align__(128) uint8_t s_slots[];  // kSources = 1: [kWarps][slot_bytes]
-  __shared__ uint64_t s_slot_full[kWarps];             // kSources = 1: one mbarrier per slot
   __shared__ uint32_t s_lost;  // ranks whose rows never came (bits)
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
@@ -1005,9 +933,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_vec = static_cast<int>(pass.bytes / 16);
   const int valid = min(*args.num_tokens, args.capacity);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  uint32_t slot_phase = 0;  // kSources = 1: parity of the slot barrier's next phase
-  if (kSources == 1 && lane == 0) mbarrier_init_one(&s_slot_full[warp]);
-  __syncwarp();
   // One warp per token; kBatch independent 16-byte loads per lane and source
   // in flight.
   constexpr int kBatch = 8;
@@ -1025,33 +950,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       continue;
     }
     if constexpr (kSources == 1) {
+      constexpr int kOneBatch = 2 * kBatch;
       const int4* src = combine_source(ctx, args, pass, recv_base,
                                        __shfl_sync(0xffffffffu, my_row, 0), 0, t, valid);
-      const int slot_vec = static_cast<int>(pass.slot_bytes / 16);
-      const int4* slot = reinterpret_cast<const int4*>(s_slots) + warp * slot_vec;
-      for (int base = 0; base < num_vec; base += slot_vec) {
-        const int piece_vec = min(slot_vec, num_vec - base);
-        if (src != nullptr) {
-          if (lane == 0) {
-            bulk_load(const_cast<int4*>(slot), src + base, static_cast<uint32_t>(piece_vec) * 16,
-                      &s_slot_full[warp]);
-          }
-          mbarrier_wait_parity(&s_slot_full[warp], slot_phase);
-          slot_phase ^= 1u;
-        }
-        for (int v = lane; v < piece_vec; v += kWarpSize) {
-          const int4 raw = src != nullptr ? slot[v] : make_int4(0, 0, 0, 0);
+      for (int base = 0; base < num_vec; base += kOneBatch * kWarpSize) {
+        int4 raw[kOneBatch];
+        if (src != nullptr) warp_load_batch(raw, src, base, num_vec, lane);  // y: read-only
+#pragma unroll
+        for (int u = 0; u < kOneBatch; ++u) {
+          const int v = base + u * kWarpSize + lane;
+          if (v >= num_vec) continue;
           int4 packed;
 #pragma unroll
           for (int j = 0; j < E::kPerVector; ++j) {
             float sum = 0.0f;
-            if (src != nullptr) sum += E::get(raw, j);
+            if (src != nullptr) sum += E::get(raw[u], j);
             E::set(packed, j, sum);
           }
-          out_row[base + v] = packed;
+          out_row[v] = packed;
         }
-        __syncwarp();  // the slot is read before the next bulk load writes it
-        if (lane == 0) fence_proxy_async_shared();
       }
     } else if constexpr (kSources == 2) {
       const int4* src0 = combine_source(ctx, args, pass, recv_base,
@@ -1124,11 +1041,7 @@ template <typename T>
 void LaunchCombinePass(const HtContext& ctx, const HtCombineArgs& args, const CombinePass& pass,
                        int grid, cudaStream_t stream) {
   if (ctx.dims.num_ranks == 1) {  // nothing to send: every row is this rank's own
-    CombinePass one_source = pass;
-    one_source.slot_bytes = slot_bytes_within(g_combine_slots_smem, pass.bytes);
-    if (one_source.slot_bytes == 0) one_source.slot_bytes = 16;  // device without room: 16-byte pieces
-    ht_combine_recv<T, 1><<<grid, kThreads, kWarps * one_source.slot_bytes, stream>>>(
-        ctx, args, one_source);
+    ht_combine_recv<T, 1><<<grid, kThreads, 0, stream>>>(ctx, args, pass);
     return;
   }
   ht_combine_send<<<grid, kThreads, 0, stream>>>(ctx, args, pass);
@@ -1164,19 +1077,7 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
   const bool single_rank = ctx.dims.num_ranks == 1;
   auto kernel = args.scales != nullptr ? (single_rank ? ht_dispatch<true, true> : ht_dispatch<true, false>)
                                        : (single_rank ? ht_dispatch<false, true> : ht_dispatch<false, false>);
-  // One rank: row slots for the bulk copies where the rows' addresses allow
-  // them (16-byte strides; XLA's dense rows always do).
-  size_t slot_bytes = 0, launch_smem = smem;
-  if (single_rank && args.x_row_stride % 16 == 0 && args.out_row_stride % 16 == 0) {
-    const size_t offset =
-        dispatch_slots_offset(args.num_tokens, num_send_blocks * kWarps, ctx.dims.num_ranks);
-    slot_bytes = offset < g_dispatch_single_rank_smem
-                     ? slot_bytes_within(g_dispatch_single_rank_smem - offset, args.row_bytes)
-                     : 0;
-    if (slot_bytes > 0) launch_smem = offset + kWarps * slot_bytes;
-  }
-  kernel<<<grid, kThreads, launch_smem, stream>>>(ctx, args, num_send_blocks,
-                                                  static_cast<int>(slot_bytes));
+  kernel<<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks);
   return cudaGetLastError();
 }
 
@@ -1190,7 +1091,7 @@ cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cud
   }
   const int grid = std::max(1, ctx.num_sms);
   for (size_t offset = 0; offset < row_bytes; offset += buffer_row_bytes) {
-    const CombinePass pass{row_bytes, offset, std::min(buffer_row_bytes, row_bytes - offset), 0};
+    const CombinePass pass{row_bytes, offset, std::min(buffer_row_bytes, row_bytes - offset)};
     switch (args.row_type) {
       case HtRowType::kBf16: LaunchCombinePass<__nv_bfloat16>(ctx, args, pass, grid, stream); break;
       case HtRowType::kF16: LaunchCombinePass<__half>(ctx, args, pass, grid, stream); break;
@@ -1206,40 +1107,16 @@ cudaError_t PrepareHtKernels() {
   cudaFuncAttributes attrs;
   cudaError_t err = cudaSuccess;
   for (const void* kernel : {reinterpret_cast<const void*>(ht_dispatch<true, false>),
-                             reinterpret_cast<const void*>(ht_dispatch<false, false>)}) {
+                             reinterpret_cast<const void*>(ht_dispatch<false, false>),
+                             reinterpret_cast<const void*>(ht_dispatch<true, true>),
+                             reinterpret_cast<const void*>(ht_dispatch<false, true>)}) {
     if (err == cudaSuccess) {
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(kDispatchMaxSmem));
     }
     if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, kernel);
   }
-  // The one-rank kernels' row slots get what the device allows a block,
-  // beyond the kernel's static shared memory.
-  int device = 0, optin = 0;
-  if (err == cudaSuccess) err = cudaGetDevice(&device);
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  }
-  auto raise_limit = [&](const void* kernel, size_t* budget) {
-    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, kernel);
-    if (err != cudaSuccess) return;
-    const size_t room = static_cast<size_t>(optin) > attrs.sharedSizeBytes
-                            ? (static_cast<size_t>(optin) - attrs.sharedSizeBytes) / 128 * 128
-                            : 0;
-    *budget = *budget == 0 ? room : std::min(*budget, room);
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(room));
-  };
-  g_dispatch_single_rank_smem = 0;
-  raise_limit(reinterpret_cast<const void*>(ht_dispatch<true, true>), &g_dispatch_single_rank_smem);
-  raise_limit(reinterpret_cast<const void*>(ht_dispatch<false, true>), &g_dispatch_single_rank_smem);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, ht_combine_send);
-  g_combine_slots_smem = 0;
-  for (const void* kernel : {reinterpret_cast<const void*>(ht_combine_recv<__nv_bfloat16, 1>),
-                             reinterpret_cast<const void*>(ht_combine_recv<__half, 1>),
-                             reinterpret_cast<const void*>(ht_combine_recv<float, 1>)}) {
-    raise_limit(kernel, &g_combine_slots_smem);
-  }
   for (const void* kernel : {reinterpret_cast<const void*>(ht_combine_recv<__nv_bfloat16, 1>),
                              reinterpret_cast<const void*>(ht_combine_recv<__nv_bfloat16, 2>),
                              reinterpret_cast<const void*>(ht_combine_recv<__nv_bfloat16, 0>),
