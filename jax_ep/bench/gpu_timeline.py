@@ -8,7 +8,8 @@ under JAX's profiler (CUPTI on GPUs) and keeps a summary of that one execution:
     union of all kernel intervals) and the span (first kernel start to last
     kernel end), each per call; span - busy is time the GPU sat idle between
     kernels (launch gaps, host-bound stretches);
-  * host: the session's host events with the largest total
+  * host: the session's host events (the runtime's, not the Python tracer's
+    "$file:line" frames) with the largest total
     time (XLA's thunk and command-buffer events, jax_ep's handlers show up as
     custom-call thunks when they are not inside a command buffer), per call.
 
@@ -79,7 +80,7 @@ def summarize(planes: Iterable, num_calls: int) -> dict:
         if device:
           kernels.setdefault(name, []).append(duration / 1e3)
           intervals.append((start, start + duration))
-        else:
+        elif not event.name.startswith("$"):  # Python frames: the caller, not the runtime
           host[name] = host.get(name, 0.0) + duration / 1e3
           host_count[name] = host_count.get(name, 0) + 1
   calls = max(num_calls, 1)

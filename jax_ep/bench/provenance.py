@@ -22,7 +22,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 # name wins over git; "dirty" is then unknown.
 COMMIT_ENV = "JAX_EP_BENCH_COMMIT"
 # Environment variables that change what the bench measures.
-RECORDED_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_EP_PROFILE", "JAX_EP_HT_RECV_DIVISOR",
+RECORDED_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_EP_PROFILE", "JAX_EP_TIMELINE",
+                "JAX_EP_PREPARE_STATUS_CHECK", "JAX_EP_HT_RECV_DIVISOR",
                 "NVSHMEM_DISABLE_NVLS", "NVSHMEM_REMOTE_TRANSPORT", "CUDA_VISIBLE_DEVICES")
 
 

@@ -132,7 +132,13 @@ def test_command_line_in_the_launcher_form(monkeypatch):
 
 def test_record_holds_machine_commit_date_versions_and_command(monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  # Knobs that change what is measured (the prepare-stage fault check's cost,
+  # the timeline's extra execution) are recorded with the run.
+  monkeypatch.setenv("JAX_EP_PREPARE_STATUS_CHECK", "0")
+  monkeypatch.setenv("JAX_EP_TIMELINE", "1")
   record = provenance.record(["bench", "--mode", "ll"], now=datetime.datetime(2026, 12, 1, 9))
+  assert record["environment"]["JAX_EP_PREPARE_STATUS_CHECK"] == "0"
+  assert record["environment"]["JAX_EP_TIMELINE"] == "1"
   assert record["date"] == "2026-12-01T09:00:00"
   assert record["machine"]["device_kind"] and record["machine"]["device_count"] >= 1
   assert record["machine"]["hostname"]

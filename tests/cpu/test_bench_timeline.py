@@ -39,7 +39,8 @@ def test_busy_is_the_union_of_kernels_and_idle_the_rest_of_the_span():
   derived = Line("XLA Ops", [Event("custom-call.3", 0, 100 * us)])  # a view, not a stream
   host = Plane("/host:CPU", [Line("thread", [Event("CommandBufferThunk", 0, 5 * us),
                                              Event("CommandBufferThunk", 6 * us, 1 * us),
-                                             Event("ParseArguments", 0, 1 * us)])])
+                                             Event("ParseArguments", 0, 1 * us),
+                                             Event("$timing.py:149 <lambda>", 0, 50 * us)])])
   summary = gpu_timeline.summarize([Plane("/device:GPU:0", [stream, other, derived]), host],
                                    num_calls=2)
   assert summary["kernels_per_call"] == 1.5
@@ -49,7 +50,8 @@ def test_busy_is_the_union_of_kernels_and_idle_the_rest_of_the_span():
   assert summary["kernels"]["ll_dispatch<true, 3, true>"] == dict(count=2, median_us=4.0)
   assert summary["kernels"]["loop_add_fusion"] == dict(count=1, median_us=1.0)
   assert "custom-call" not in summary["kernels"]
-  # Host events add up under one name, per call, largest first.
+  # Host events add up under one name, per call, largest first; Python frames
+  # ("$file:line") are left out.
   assert list(summary["host"]) == ["CommandBufferThunk", "ParseArguments"]
   assert summary["host"]["CommandBufferThunk"] == dict(count=2, us_per_call=3.0)
   assert "idle 1.50 us" in gpu_timeline.format_summary(summary)
