@@ -768,7 +768,7 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
       if (void_call) record_fault(ctx.status, kStatusProtocol, kOpLlDispatch, ctx.dims.rank, 0);
       counters->ll_dispatch_seq += 1u;  // read by later kernels only
     }
-    profile_end_block0(ctx, 0);
+    profile_end_block0(ctx, 0);  // with no last block, slot 0 times block 0 alone
     return;
   }
   const uint32_t seq = call_seq<kSend>(&counters->ll_dispatch_seq, args.ticket_in);
@@ -1102,7 +1102,7 @@ __global__ void __launch_bounds__(kThreads, 1) ll_combine(LlContext ctx, LlCombi
       }
       counters->ll_combine_seq = seq;  // read by later kernels only
     }
-    profile_end_block0(ctx, 3);
+    profile_end_block0(ctx, 3);  // with no last block, slot 3 times block 0 alone
     return;
   }
   finish_call<kParts>(ctx, seq, &counters->ll_combine_send_done, &counters->ll_combine_recv_done,

@@ -1,17 +1,17 @@
 """Where a timed loop's time goes: its device and host timeline (JAX_EP_TIMELINE=1).
 
 The slope (timing.py) says how long a call takes, not where the time goes. With
-JAX_EP_TIMELINE=1 each profiled bench row runs its long executable once more
-under JAX's profiler (CUPTI on GPUs) and keeps a summary of that one execution:
+JAX_EP_TIMELINE=1 every bench row runs its long executable once more under
+JAX's profiler (CUPTI on GPUs) and keeps a summary of that one execution:
 
-  * device: per kernel name (XLA's instance numbers dropped), its count and median duration; the busy time (the
-    union of all kernel intervals) and the span (first kernel start to last
-    kernel end), each per call; span - busy is time the GPU sat idle between
-    kernels (launch gaps, host-bound stretches);
-  * host: the session's host events (the runtime's, not the Python tracer's
-    "$file:line" frames) with the largest total
-    time (XLA's thunk and command-buffer events, jax_ep's handlers show up as
-    custom-call thunks when they are not inside a command buffer), per call.
+  * device: per kernel name (XLA's instance numbers dropped), its count and
+    median duration; the busy time (the union of all kernel intervals) and the
+    span (first kernel start to last kernel end), each per call; span - busy is
+    time the GPU sat idle between kernels (launch gaps, host-bound stretches);
+  * host: the session's host events with the largest total time, per call:
+    the runtime's (XLA's thunk and command-buffer events; jax_ep's handlers
+    show up as custom-call thunks when they are not inside a command buffer),
+    not the Python tracer's "$file:line" frames.
 
 The profiler adds its own cost per kernel and per host event, so the timeline
 explains a row; it does not replace its slope.
@@ -19,9 +19,11 @@ explains a row; it does not replace its slope.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import statistics
+import tempfile
 from typing import Callable, Iterable
 
 ENV = "JAX_EP_TIMELINE"
@@ -104,13 +106,20 @@ def summarize(planes: Iterable, num_calls: int) -> dict:
 
 def record(run_once: Callable[[], None], num_calls: int) -> dict:
   """Runs ``run_once()`` (one execution of the warmed-up ``num_calls``-call
-  executable, until its result exists) under JAX's profiler; its summary."""
-  from jax._src.lib import _profiler  # pylint: disable=import-outside-toplevel
+  executable, until its result exists) under JAX's profiler; its summary. The
+  trace goes to a temporary directory and is read back from its XSpace file."""
   import jax.profiler  # pylint: disable=import-outside-toplevel
 
-  session = _profiler.ProfilerSession(jax.profiler.ProfileOptions())
-  run_once()
-  data = session.stop_and_get_profile_data()
+  with tempfile.TemporaryDirectory(prefix="jax_ep_timeline_") as log_dir:
+    jax.profiler.start_trace(log_dir)
+    try:
+      run_once()
+    finally:
+      jax.profiler.stop_trace()
+    traces = glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.xplane.pb"))
+    if len(traces) != 1:
+      raise RuntimeError(f"expected one profiler trace under {log_dir}, found {traces}")
+    data = jax.profiler.ProfileData.from_file(traces[0])
   return summarize(data.planes, num_calls)
 
 
