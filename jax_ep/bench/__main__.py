@@ -23,6 +23,8 @@ flags.DEFINE_integer("num_experts", 256, "experts")
 flags.DEFINE_integer("topk", 8, "experts per token")
 flags.DEFINE_integer("num_calls", 50, "calls per long timed executable (the short one: 1/5)")
 flags.DEFINE_integer("repeats", 7, "timed executions of each loop length (medians)")
+flags.DEFINE_integer("warmup_calls", 5000, "calls of warm-up executions of the long loop before "
+                     "each system's timed ones (jax_ep/bench/timing.py)")
 flags.DEFINE_integer("seed", 0, "routing/data seed")
 flags.DEFINE_string("out_dir", None, "write the JSON here as <mode>_<date>_<commit>.json")
 flags.DEFINE_string("out", None, "write the JSON to exactly this file")
@@ -39,7 +41,7 @@ FLAGS = flags.FLAGS
 
 TIMING = ("in-graph slope: (median T(N) - median T(N/5)) / (N - N/5), T = wall time of one "
           "execution of an executable of N dependent unrolled calls, after warm-up executions "
-          "of 5000 calls; max over ranks")
+          "of the long loop (meta.warmup_calls calls); max over ranks")
 
 # MaxText-style ragged_all_to_all across processes (one GPU each) needs XLA's
 # NCCL send/recv path, which XLA refuses unless asked; must be set before the
@@ -65,14 +67,16 @@ def main(argv) -> int:
   if FLAGS.mode == "ll":
     from jax_ep.bench import ll  # pylint: disable=import-outside-toplevel
     rows, meta = ll.run(FLAGS.tokens or 128, FLAGS.hidden, FLAGS.num_experts, FLAGS.topk,
-                        FLAGS.num_calls, FLAGS.repeats, FLAGS.seed, baselines=FLAGS.baselines)
+                        FLAGS.num_calls, FLAGS.repeats, FLAGS.seed, baselines=FLAGS.baselines,
+                        warmup_calls=FLAGS.warmup_calls)
   else:
     from jax_ep.bench import ht  # pylint: disable=import-outside-toplevel
     rows, meta = ht.run(FLAGS.tokens or 4096, FLAGS.hidden, FLAGS.num_experts, FLAGS.topk,
                         FLAGS.num_calls, FLAGS.repeats, FLAGS.seed, sweep=FLAGS.sweep,
                         plot=FLAGS.plot, ragged_only=FLAGS.ragged,
                         sm_sweep=tuple(int(n) for n in FLAGS.sm_sweep),
-                        baselines=FLAGS.baselines, layouts=FLAGS.layouts)
+                        baselines=FLAGS.baselines, layouts=FLAGS.layouts,
+                        warmup_calls=FLAGS.warmup_calls)
   failed = results.any_failed(rows) or any(
       point.get("errors") for key in ("sweep", "sm_sweep") for point in meta.get(key, []))
   payload = dict(mode=FLAGS.mode, ragged=FLAGS.ragged, **record, timing=TIMING,

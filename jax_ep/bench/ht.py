@@ -190,7 +190,8 @@ def _bare_rows(bare_of: dict[str, measure.Outcome], tokens: int, hidden: int) ->
 def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: int,
         repeats: int, seed: int, sweep: bool = False, plot: str | None = None,
         ragged_only: bool = False, sm_sweep: tuple[int, ...] = (), baselines: bool = True,
-        layouts: bool = False) -> tuple[list[Row], dict]:
+        layouts: bool = False, warmup_calls: int = timing.WARMUP_CALLS
+        ) -> tuple[list[Row], dict]:
   """The HT table at ``tokens`` per rank; (rows, meta).
 
   ``ragged_only``: time the ragged_all_to_all baseline (and the bare exchange)
@@ -201,15 +202,17 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   jax_ep at each of these SM budgets (EpConfig.num_sms). ``baselines=False``:
   jax_ep and the bare exchange only (quick A/B runs of kernel variants).
   ``layouts``: also the layout rows (layouts.py): expert-major, token-major,
-  and token-major followed by the user's jnp sort.
+  and token-major followed by the user's jnp sort. ``warmup_calls``: calls of
+  warm-up executions before each system (timing.py).
   """
   num_ranks = jax.device_count()
   mesh = jax.make_mesh((num_ranks,), ("ep",))
   meta = dict(tokens_per_rank=tokens, hidden=hidden, num_experts=num_experts, topk=num_topk,
               num_ranks=num_ranks, num_calls=num_calls,
               short_calls=timing.short_calls_of(max(num_calls, 2)), repeats=repeats, seed=seed,
-              capacity=num_ranks * tokens)
-  runner = measure.Runner(mesh, num_calls, repeats, context=f"tokens={tokens} ")
+              warmup_calls=warmup_calls, capacity=num_ranks * tokens)
+  runner = measure.Runner(mesh, num_calls, repeats, context=f"tokens={tokens} ",
+                          warmup_calls=warmup_calls)
   s = _setup(mesh, tokens, hidden, num_experts, num_topk, seed, None)
   ours = f"jax_ep ({jax_ep.runtime_state().backend_name} backend)"
   names = dict(jax_ep=ours, portable=PORTABLE, ragged=RAGGED)
@@ -241,10 +244,11 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     meta["timeline"] = runner.timelines
   if sm_sweep:
     meta["sm_sweep"] = [_point(mesh, tokens, hidden, num_experts, num_topk, seed, n, num_calls,
-                               repeats, baselines=False) for n in sm_sweep]
+                               repeats, baselines=False, warmup_calls=warmup_calls)
+                        for n in sm_sweep]
   if sweep:
     curve = [_point(mesh, t, hidden, num_experts, num_topk, seed, None, num_calls, repeats,
-                    baselines=True) for t in SWEEP_TOKENS]
+                    baselines=True, warmup_calls=warmup_calls) for t in SWEEP_TOKENS]
     meta["sweep"] = curve
     if plot and jax.process_index() == 0:
       _plot(curve, plot)
@@ -252,11 +256,12 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
 
 
 def _point(mesh, tokens, hidden, num_experts, num_topk, seed, num_sms, num_calls, repeats,
-           baselines: bool) -> dict:
+           baselines: bool, warmup_calls: int = timing.WARMUP_CALLS) -> dict:
   """One sweep point: {tokens, num_sms, us: {key: us or None}, gbps: {...}, errors: {...}}
   with keys "<op> <system>" (jax_ep; with baselines also portable and bare)."""
   runner = measure.Runner(mesh, num_calls, repeats,
-                          context=f"tokens={tokens} num_sms={num_sms} ")
+                          context=f"tokens={tokens} num_sms={num_sms} ",
+                          warmup_calls=warmup_calls)
   s = _setup(mesh, tokens, hidden, num_experts, num_topk, seed, num_sms)
   ops = {"jax_ep": _jax_ep_systems(runner, s)}
   if baselines:

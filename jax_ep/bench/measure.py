@@ -95,11 +95,13 @@ class Runner:
   becomes the system's FAILED outcome too.
   """
 
-  def __init__(self, mesh: jax.sharding.Mesh, num_calls: int, repeats: int, context: str = ""):
+  def __init__(self, mesh: jax.sharding.Mesh, num_calls: int, repeats: int, context: str = "",
+               warmup_calls: int = timing.WARMUP_CALLS):
     self.mesh = mesh
     self.num_calls = num_calls
     self.repeats = repeats
     self.context = context
+    self.warmup_calls = warmup_calls  # timing.time_per_call's warm-up
     self.profiles: dict[str, dict] = {}  # label -> this rank's kernel profile
     self.timelines: dict[str, dict] = {}  # label -> this rank's timeline (JAX_EP_TIMELINE=1)
 
@@ -131,7 +133,8 @@ class Runner:
       measured = timing.time_per_call(
           op, self.mesh, local_args, calls, self.repeats,
           after_warmup=kernel_profile.reset if keep_profile else None,
-          after_timing=keep_timeline if gpu_timeline.enabled() else None)
+          after_timing=keep_timeline if gpu_timeline.enabled() else None,
+          warmup_calls=self.warmup_calls)
       if keep_profile:
         self.profiles[f"{self.context}{label}"] = kernel_profile.read()
         print(f"profile rank {rank}: {self.context}{label}: "

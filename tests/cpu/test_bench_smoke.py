@@ -12,7 +12,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--tokens", "16", "--hidden", "256", "--num_experts", "8", "--topk", "2",
-        "--num_calls", "2", "--repeats", "1"]
+        "--num_calls", "2", "--repeats", "1", "--warmup_calls", "2"]
 
 
 def _bench(tmp_path, *flags):
@@ -36,6 +36,7 @@ def _check_provenance(name, data, mode):
   assert data["machine"]["device_kind"] and data["machine"]["hostname"]
   assert data["versions"]["jax"] and data["versions"]["jaxlib"]
   assert data["command"].startswith("python -m jax_ep.launch -n 2 -m jax_ep.bench --mode ")
+  assert data["meta"]["warmup_calls"] == 2  # --warmup_calls reached the harness
 
 
 @pytest.mark.parametrize("mode", ["ll", "ht"])
