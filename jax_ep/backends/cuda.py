@@ -14,6 +14,7 @@ the EP axis like its inputs.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -149,6 +150,22 @@ def ll_unsupported(x_dtype, num_tokens: int, config: EpConfig, num_ranks: int,
             f"exceed the dispatch kernel's {LL_MAX_ROUTING_BYTES // 1024} KB routing table",
             "send fewer tokens per low-latency call, or use jax_ep.dispatch (high throughput)")
   return None
+
+
+def ll_kernel_ranks(op: str, config: EpConfig,
+                    unsupported: Callable[[int], tuple[str, str] | None],
+                    announce_as: str | None = None) -> int | None:
+  """The EP size (inside shard_map) when the LL kernels take ``op``, that is when
+  ``unsupported(num_ranks)`` is None; else None, after announcing the portable
+  path (as ``announce_as``, default ``op``). Raises when the config allocated no
+  LL buffers."""
+  require_low_latency(config, op)
+  num_ranks = jax.lax.axis_size(config.axis_name)
+  why = unsupported(num_ranks)
+  if why is not None:
+    portable_fallback(announce_as or op, config, *why)
+    return None
+  return num_ranks
 
 
 def require_low_latency(config: EpConfig, op: str) -> None:
@@ -323,11 +340,10 @@ class CudaBackend(XlaBackend):
   # `live` matters only to the portable path and the handles.
   def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool,
                   live: tuple[bool, ...] = ()) -> LowLatencyDispatchResult:
-    require_low_latency(config, "low_latency_dispatch")
-    num_ranks = jax.lax.axis_size(config.axis_name)
-    why = ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True)
-    if why is not None:
-      portable_fallback("low_latency_dispatch", config, *why)
+    num_ranks = ll_kernel_ranks(
+        "low_latency_dispatch", config,
+        lambda ranks: ll_unsupported(x.dtype, x.shape[0], config, ranks, dispatch=True))
+    if num_ranks is None:
       return super().ll_dispatch(x, topk_idx, config, use_fp8, live)
     result, _ = self._ll_dispatch_kernel(x, topk_idx, None, config, use_fp8, num_ranks, live)
     return result
@@ -336,11 +352,11 @@ class CudaBackend(XlaBackend):
                            config: EpConfig,
                            live: tuple[bool, ...] = ()) -> tuple[jax.Array, jax.Array]:
     """One kernel: each pair's weight travels in its header."""
-    require_low_latency(config, "low_latency_combine")
-    num_ranks = jax.lax.axis_size(config.axis_name)
-    why = ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True)
-    if why is not None:
-      portable_fallback("low_latency_combine (backward)", config, *why)
+    num_ranks = ll_kernel_ranks(
+        "low_latency_combine", config,
+        lambda ranks: ll_unsupported(x.dtype, x.shape[0], config, ranks, dispatch=True),
+        announce_as="low_latency_combine (backward)")
+    if num_ranks is None:
       return super().ll_dispatch_weighted(x, topk_idx, topk_weights, config, live)
     result, row_weights = self._ll_dispatch_kernel(x, topk_idx, topk_weights.astype(F32), config,
                                                    False, num_ranks, live)
@@ -351,11 +367,10 @@ class CudaBackend(XlaBackend):
                                live: tuple[bool, ...] = ()) -> LowLatencyDispatchResult:
     """One kernel: each pair's weight travels in its header (as for the LL
     combine's backward)."""
-    require_low_latency(config, "low_latency_dispatch")
-    num_ranks = jax.lax.axis_size(config.axis_name)
-    why = ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True)
-    if why is not None:
-      portable_fallback("low_latency_dispatch", config, *why)
+    num_ranks = ll_kernel_ranks(
+        "low_latency_dispatch", config,
+        lambda ranks: ll_unsupported(x.dtype, x.shape[0], config, ranks, dispatch=True))
+    if num_ranks is None:
       return super().ll_dispatch_with_weights(x, topk_idx, topk_weights, config, use_fp8, live)
     result, row_weights = self._ll_dispatch_kernel(x, topk_idx, topk_weights.astype(F32),
                                                    config, use_fp8, num_ranks, live)
@@ -368,11 +383,10 @@ class CudaBackend(XlaBackend):
     """One kernel (cuda/ll_presummed_kernels.cu): each rank returns one row per
     (token, rank), its rows' weights applied on the expert side."""
     config = handle.config
-    require_low_latency(config, "low_latency_combine")
-    num_ranks = jax.lax.axis_size(config.axis_name)
-    why = self._combine_rows_unsupported(rows, handle.num_tokens, config, num_ranks)
-    if why is not None:
-      portable_fallback("low_latency_combine", config, *why)
+    num_ranks = ll_kernel_ranks(
+        "low_latency_combine", config,
+        lambda ranks: self._combine_rows_unsupported(rows, handle.num_tokens, config, ranks))
+    if num_ranks is None:
       return super().ll_combine_presummed(rows, topk_idx, handle)
     experts_per_rank = config.experts_per_rank(num_ranks)
     out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, topk_idx)
@@ -440,11 +454,10 @@ class CudaBackend(XlaBackend):
   def ll_combine(self, rows: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
                  handle: LowLatencyHandle) -> jax.Array:
     config = handle.config
-    require_low_latency(config, "low_latency_combine")
-    num_ranks = jax.lax.axis_size(config.axis_name)
-    why = self._combine_rows_unsupported(rows, topk_idx.shape[0], config, num_ranks)
-    if why is not None:
-      portable_fallback("low_latency_combine", config, *why)
+    num_ranks = ll_kernel_ranks(
+        "low_latency_combine", config,
+        lambda ranks: self._combine_rows_unsupported(rows, topk_idx.shape[0], config, ranks))
+    if num_ranks is None:
       return super().ll_combine(rows, topk_idx, topk_weights, handle)
     out, _ = self._ll_combine_kernel(rows, None, topk_idx, topk_weights, handle, num_ranks)
     return out
@@ -454,11 +467,11 @@ class CudaBackend(XlaBackend):
     """values f32[E_local, R*T_ll] -> f32[T_local, K] on the combine kernel
     (its per-pair values, no rows)."""
     config = handle.config
-    require_low_latency(config, "low_latency_combine")
-    num_ranks = jax.lax.axis_size(config.axis_name)
-    why = ll_unsupported(jnp.bfloat16, topk_idx.shape[0], config, num_ranks)
-    if why is not None:
-      portable_fallback("low_latency_combine (backward)", config, *why)
+    num_ranks = ll_kernel_ranks(
+        "low_latency_combine", config,
+        lambda ranks: ll_unsupported(jnp.bfloat16, topk_idx.shape[0], config, ranks),
+        announce_as="low_latency_combine (backward)")
+    if num_ranks is None:
       return super().ll_rows_to_pairs(values, topk_idx, handle)
     _, pair_values = self._ll_combine_kernel(None, values.astype(F32), topk_idx,
                                              jnp.zeros(topk_idx.shape, F32), handle, num_ranks)
@@ -492,11 +505,10 @@ class CudaBackend(XlaBackend):
                        topk_weights: jax.Array | None = None) -> LowLatencySent:
     """Starts an LL dispatch; the kernel path hands (num_invalid, ticket) to the
     recv; with topk_weights each pair's weight travels in its header."""
-    require_low_latency(config, "low_latency_dispatch_send")
-    num_ranks = jax.lax.axis_size(config.axis_name)
-    why = ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True)
-    if why is not None:
-      portable_fallback("low_latency_dispatch_send", config, *why)
+    num_ranks = ll_kernel_ranks(
+        "low_latency_dispatch_send", config,
+        lambda ranks: ll_unsupported(x.dtype, x.shape[0], config, ranks, dispatch=True))
+    if num_ranks is None:
       return super().ll_dispatch_send(x, topk_idx, config, use_fp8, live, topk_weights)
     if config.debug_checks:
       self.layout(topk_idx, config)
@@ -539,11 +551,10 @@ class CudaBackend(XlaBackend):
     """The send kernel; ``presummed``: with the dispatch's rows' weights
     (handle.row_weights), one pre-summed row per (token, rank)."""
     config = handle.config
-    require_low_latency(config, "low_latency_combine_send")
-    num_ranks = jax.lax.axis_size(config.axis_name)
-    why = self._combine_rows_unsupported(rows, handle.num_tokens, config, num_ranks)
-    if why is not None:
-      portable_fallback("low_latency_combine_send", config, *why)
+    num_ranks = ll_kernel_ranks(
+        "low_latency_combine_send", config,
+        lambda ranks: self._combine_rows_unsupported(rows, handle.num_tokens, config, ranks))
+    if num_ranks is None:
       portable = super().ll_combine_presummed_send if presummed else super().ll_combine_send
       return portable(rows, handle)
     row_weights = (handle.row_weights.astype(F32) if presummed
