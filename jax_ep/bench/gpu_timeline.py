@@ -8,7 +8,7 @@ JAX's profiler (CUPTI on GPUs) and keeps a summary of that one execution:
     median duration; the busy time (the union of all kernel intervals) and the
     span (first kernel start to last kernel end), each per call; span - busy is
     time the GPU sat idle between kernels (launch gaps, host-bound stretches);
-  * host: the session's host events with the largest total time, per call:
+  * host: the trace's host events with the largest total time, per call:
     the runtime's (XLA's thunk and command-buffer events; jax_ep's handlers
     show up as custom-call thunks when they are not inside a command buffer),
     not the Python tracer's "$file:line" frames.
@@ -61,7 +61,7 @@ def _is_device_plane(name: str) -> bool:
 def summarize(planes: Iterable, num_calls: int) -> dict:
   """The summary (module docstring) of profile ``planes`` (jax.profiler
   ProfilePlane-like: .name, .lines[.name, .events[.name, .start_ns, .duration_ns]])
-  of a session that held one execution of ``num_calls`` calls and nothing else."""
+  of a trace that held one execution of ``num_calls`` calls and nothing else."""
   kernels: dict[str, list[float]] = {}
   intervals: list[tuple[int, int]] = []
   host: dict[str, float] = {}

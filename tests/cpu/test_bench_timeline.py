@@ -57,7 +57,7 @@ def test_busy_is_the_union_of_kernels_and_idle_the_rest_of_the_span():
   assert "idle 1.50 us" in gpu_timeline.format_summary(summary)
 
 
-def test_a_session_without_device_events_says_so():
+def test_a_trace_without_device_events_says_so():
   summary = gpu_timeline.summarize([Plane("/host:CPU", [Line("t", [Event("a.1", 0, 10)])])], 1)
   assert "busy_us_per_call" not in summary
   assert gpu_timeline.format_summary(summary).startswith("no device events")
