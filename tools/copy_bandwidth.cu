@@ -175,7 +175,8 @@ __global__ void __launch_bounds__(E * 32, 1) ring_copy(const int4* src, int4* ds
     const uint32_t bar = smem_addr(&bars[warp][s]);
     const uint32_t parity = (i / S) & 1;
     uint32_t done = 0;
-    while (!done) {
+    const long long give_up = clock64() + (1ll << 32);  // about 2 s: a stuck ring fails the check
+    while (!done && clock64() < give_up) {
       asm volatile(
           "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
           : "=r"(done)
@@ -187,8 +188,13 @@ __global__ void __launch_bounds__(E * 32, 1) ring_copy(const int4* src, int4* ds
                  "r"(smem_addr(stages + static_cast<size_t>(s) * kRowBytes)), "r"(kRowBytes)
                  : "memory");
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    // Refill the stage of row i - 1: its store was committed before this one.
-    if (i >= 1 && i - 1 + S < n) {
+    if constexpr (S == 1) {  // the only stage: refill it once this store has read it
+      if (i + 1 < n) {
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        issue_load(i + 1);
+      }
+    } else if (i >= 1 && i - 1 + S < n) {
+      // Refill the stage of row i - 1: its store was committed before this one.
       asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
       issue_load(i - 1 + S);
     }
@@ -251,6 +257,7 @@ Result time_copy(const char* name, Kernel kernel, int threads, size_t smem, int 
 
 int main(int argc, char** argv) {
   const char* json_path = argc > 1 ? argv[1] : nullptr;
+  setvbuf(stdout, nullptr, _IONBF, 0);
   cudaSetDevice(0);
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);

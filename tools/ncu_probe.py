@@ -27,7 +27,7 @@ HIDDEN, EXPERTS, TOPK = 7168, 256, 8
 
 
 def _run(name: str, op, mesh, local_args) -> None:
-  fn = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=jax.P("ep"), out_specs=jax.P("ep")))
+  fn = timing.executable(op, mesh, 1)  # the bench's executable, one call
   args = [timing.global_array(mesh, a) for a in local_args]
   for _ in range(CALLS):
     jax.block_until_ready(fn(*args))
@@ -51,12 +51,15 @@ def ll_ops(mesh) -> None:
     handle = LowLatencyHandle(recv_src=s, count=c, config=config, num_tokens=tokens)
     return jax_ep.low_latency_combine(y, i, w, handle, config=config)
 
-  once = jax.jit(jax.shard_map(lambda x, i: jax_ep.low_latency_dispatch(x, i, config=config),
-                               mesh=mesh, in_specs=jax.P("ep"), out_specs=jax.P("ep")))
-  d = once(timing.global_array(mesh, x), timing.global_array(mesh, idx))
+  def dispatch_once(x, i):
+    d = jax_ep.low_latency_dispatch(x, i, config=config)
+    return d.x, d.handle.recv_src, d.count
+  once = jax.jit(jax.shard_map(dispatch_once, mesh=mesh, in_specs=jax.P("ep"),
+                               out_specs=jax.P("ep")))
+  y, recv_src, count = (timing.local_part(o) for o in once(timing.global_array(mesh, x),
+                                                          timing.global_array(mesh, idx)))
   y_shape = (EXPERTS, tokens)
-  y = np.asarray(d.x).reshape(y_shape + (HIDDEN,))
-  recv_src, count = np.asarray(d.handle.recv_src), np.asarray(d.count)
+  y = y.reshape(y_shape + (HIDDEN,))
   _run("LL dispatch FP8", dispatch(True), mesh, [x, idx])
   _run("LL dispatch BF16", dispatch(False), mesh, [x, idx])
   _run("LL combine BF16", combine, mesh, [y, idx, w, recv_src, count])
