@@ -607,7 +607,8 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
     num_chunks[s] = (rows + kHtChunkRows - 1) / kHtChunkRows;
     total_chunks += num_chunks[s];
   }
-  for (;;) {
+  // No chunks (one rank, or nothing from peers): no ticket is taken.
+  for (; total_chunks > 0;) {
     if (threadIdx.x == 0) {
       s_item = static_cast<int>(atomicAdd(&ctx.counters->ht_recv_ticket, 1u));
     }
@@ -783,6 +784,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) {
     if (s_tpe[e]) atomicAdd(args.out_tokens_per_expert + e, s_tpe[e]);
   }
+  if (kSingleRank && ctx.profile == nullptr) {
+    // One rank, unprofiled: no last block. No rows come from peers (no chunk
+    // tickets to reset) and no peer can be out of step, so block 0 writes the
+    // counts and the sequence number, and every block's adds to
+    // tokens_per_expert land before the kernel ends. A fault recorded before
+    // the call does not void it: the next execution fails on it in the
+    // prepare stage (as the one-rank LL ops).
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      *args.out_num_tokens = kept;
+      *args.out_num_dropped = received - kept;
+      ctx.counters->ht_dispatch_seq = seq;  // read by later kernels only
+    }
+    return;
+  }
   if (arrive_is_last_block(&ctx.counters->ht_dispatch_done) && threadIdx.x == 0) {
     // After a fault (a wait of this call or an earlier one gave up) the rows
     // are incomplete: counts that cannot be real say so, and the combine
@@ -850,6 +865,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Elements of a 16-byte vector of combine rows, as fp32.
 template <typename T>
 struct RowElements;
+// plus_zero(v): each element plus +0 in its own type, the one-source sum
+// (0.0f + x, rounded back) in one packed add per pair: the same bits (x itself,
+// -0 becomes +0, a NaN the canonical NaN) for a fifth of the instructions of
+// the float path, which left the one-rank combine issue-bound (2026-12-01,
+// docs/benchmarks.md).
 template <>
 struct RowElements<__nv_bfloat16> {
   static constexpr int kPerVector = 8;
@@ -858,6 +878,13 @@ struct RowElements<__nv_bfloat16> {
   }
   __device__ static void set(int4& v, int j, float x) {
     reinterpret_cast<__nv_bfloat16*>(&v)[j] = __float2bfloat16_rn(x);
+  }
+  __device__ static int4 plus_zero(int4 v) {
+    auto* pairs = reinterpret_cast<__nv_bfloat162*>(&v);
+    const __nv_bfloat162 zero = __float2bfloat162_rn(0.0f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pairs[i] = __hadd2(pairs[i], zero);
+    return v;
   }
 };
 template <>
@@ -869,12 +896,25 @@ struct RowElements<__half> {
   __device__ static void set(int4& v, int j, float x) {
     reinterpret_cast<__half*>(&v)[j] = __float2half_rn(x);
   }
+  __device__ static int4 plus_zero(int4 v) {
+    auto* pairs = reinterpret_cast<__half2*>(&v);
+    const __half2 zero = __float2half2_rn(0.0f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pairs[i] = __hadd2(pairs[i], zero);
+    return v;
+  }
 };
 template <>
 struct RowElements<float> {
   static constexpr int kPerVector = 4;
   __device__ static float get(const int4& v, int j) { return reinterpret_cast<const float*>(&v)[j]; }
   __device__ static void set(int4& v, int j, float x) { reinterpret_cast<float*>(&v)[j] = x; }
+  __device__ static int4 plus_zero(int4 v) {
+    auto* x = reinterpret_cast<float*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = __fadd_rn(0.0f, x[i]);
+    return v;
+  }
 };
 
 // The rows a lane loads for token t's sum: each rank's copy (r == me: y, else
@@ -916,6 +956,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const char* recv_base = ctx.buffers.combine_recv[seq & 1];
   const uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
   ht_profile_start(ctx, kProfCombineRecv);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int first_token = blockIdx.x * kWarps + warp;
+  const int token_stride = gridDim.x * kWarps;
+  // The warp's next token's rows, loaded one token ahead (the first now, with
+  // the fault word), so no token's row loads wait for its send_row.
+  int next_row = lane < R && first_token < args.num_local_tokens
+                     ? args.send_row[first_token * R + lane]
+                     : -1;
   if (threadIdx.x == 0) s_lost = *args.num_tokens < 0 ? 0xffffffffu : 0u;
   __syncthreads();
   for (int r = threadIdx.x; kSources != 1 && r < R; r += blockDim.x) {
@@ -932,12 +980,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t lost = s_lost;
   const int num_vec = static_cast<int>(pass.bytes / 16);
   const int valid = min(*args.num_tokens, args.capacity);
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   // One warp per token; kBatch independent 16-byte loads per lane and source
   // in flight.
   constexpr int kBatch = 8;
-  for (int t = blockIdx.x * kWarps + warp; t < args.num_local_tokens; t += gridDim.x * kWarps) {
-    const int my_row = lane < R ? args.send_row[t * R + lane] : -1;
+  for (int t = first_token; t < args.num_local_tokens; t += token_stride) {
+    const int my_row = next_row;
+    if (t + token_stride < args.num_local_tokens) {
+      next_row = lane < R ? args.send_row[(t + token_stride) * R + lane] : -1;
+    }
     int4* out_row = reinterpret_cast<int4*>(static_cast<char*>(args.out) +
                                             static_cast<size_t>(t) * pass.row_stride +
                                             pass.offset);
@@ -960,14 +1010,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int u = 0; u < kOneBatch; ++u) {
           const int v = base + u * kWarpSize + lane;
           if (v >= num_vec) continue;
-          int4 packed;
-#pragma unroll
-          for (int j = 0; j < E::kPerVector; ++j) {
-            float sum = 0.0f;
-            if (src != nullptr) sum += E::get(raw[u], j);
-            E::set(packed, j, sum);
-          }
-          out_row[v] = packed;
+          st_na_v4(out_row + v, src != nullptr ? E::plus_zero(raw[u]) : make_int4(0, 0, 0, 0));
         }
       }
     } else if constexpr (kSources == 2) {
@@ -1029,6 +1072,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+  }
+  if (kSources == 1 && ctx.profile == nullptr) {
+    // One rank, unprofiled: only the sequence number to advance, read by later
+    // kernels: block 0, no last block (no system fences after the stores).
+    if (blockIdx.x == 0 && threadIdx.x == 0) ctx.counters->ht_combine_seq = seq;
+    return;
   }
   if (arrive_is_last_block(&ctx.counters->ht_combine_recv_done) && threadIdx.x == 0) {
     ctx.counters->ht_combine_seq = seq;

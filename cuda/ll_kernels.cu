@@ -508,8 +508,6 @@ __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
                                                      const LlDispatchArgs& args,
                                                      const int* masked, int* smem,
                                                      bool void_call) {
-  __shared__ int s_expert[kMaxTopk];
-  __shared__ int s_row[kMaxTopk];  // the pair's output row: e * T_ll + slot
   __shared__ int s_invalid;
   const EpDims d = ctx.dims;
   const int num_topk = d.num_topk;
@@ -538,31 +536,34 @@ __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
       if (args.out_weights != nullptr) args.out_weights[out_row] = 0.0f;
     }
   }
+  // routing[t] and rows_before hold still from here (or from
+  // advance_rows_before's barrier) to the barrier at the token's end, so every
+  // thread reads a pair's expert and row from them (broadcast reads) and a
+  // block with one token has no barrier in this loop.
   for (int t = first_token; t < num_tokens; t += gridDim.x) {
     if (t != first_token) {
       pieces = load_pieces<kFp8>(token_row(t), 0, d.hidden);
       advance_rows_before(routing, rows_before, t, num_topk);
     }
+    const int* token_routing = routing + static_cast<size_t>(t) * num_topk;
     if (threadIdx.x < num_topk) {
       const int k = threadIdx.x;
-      const int e = routing[static_cast<size_t>(t) * num_topk + k];
-      s_expert[k] = e;
+      const int e = token_routing[k];
       if (e >= 0) {
         const int row = e * rows_per_expert + rows_before[e];
-        s_row[k] = row;
         args.out_recv_src[row] = t;  // source rank 0
         if (args.out_weights != nullptr) {
           args.out_weights[row] = pair_weight(topk_idx, topk_weights, t, k, e, num_topk);
         }
       }
     }
-    __syncthreads();
     const int4* row = token_row(t);
     for (int c0 = 0; c0 < d.hidden; c0 += kChannelsPerRound) {
       if (c0 > 0) pieces = load_pieces<kFp8>(row, c0, d.hidden);
       for (int k = 0; k < num_topk; ++k) {
-        if (s_expert[k] < 0) continue;
-        const size_t out_row = s_row[k];
+        const int e = token_routing[k];
+        if (e < 0) continue;
+        const size_t out_row = static_cast<size_t>(e) * rows_per_expert + rows_before[e];
         if constexpr (kFp8) {
           store_pieces_to<kFp8>(
               reinterpret_cast<int4*>(static_cast<uint8_t*>(args.out_x) + out_row * d.hidden),
@@ -574,7 +575,8 @@ __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
         }
       }
     }
-    __syncthreads();  // s_expert / s_row are rewritten for the next token
+    // rows_before moves on for the block's next token.
+    if (t + static_cast<int>(gridDim.x) < num_tokens) __syncthreads();
   }
 }
 
@@ -761,12 +763,17 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
     // writes it) and voids its experts' counts, block 0 records the fault.
     static_assert(kSend && kRecv, "one rank: the one-call op only");
     const bool void_call = ld_volatile_u32(&counters->ll_dispatch_outstanding) != 0u;
+    // Block 0's sequence number, loaded now and stored at the end: a load there
+    // would be one more round trip after the block's last store.
+    const uint32_t seq = blockIdx.x == 0 && threadIdx.x == 0
+                             ? ld_volatile_u32(&counters->ll_dispatch_seq)
+                             : 0u;
     load_rank_mask(ctx, s_masked);  // published by the first barrier below
     profile_start(ctx, 0);
     dispatch_single_rank<kFp8>(ctx, args, s_masked, smem, void_call);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       if (void_call) record_fault(ctx.status, kStatusProtocol, kOpLlDispatch, ctx.dims.rank, 0);
-      counters->ll_dispatch_seq += 1u;  // read by later kernels only
+      counters->ll_dispatch_seq = seq + 1u;  // read by later kernels only
     }
     profile_end_block0(ctx, 0);  // with no last block, slot 0 times block 0 alone
     return;
