@@ -34,6 +34,9 @@ struct DeviceStatus {
   uint32_t reserved[3];
 };
 
+// Most blocks of one HT dispatch at one rank (its grid is EpConfig.num_sms).
+constexpr int kMaxHtBlocks = 1024;
+
 // Call sequence numbers, send/recv pairing state and the per-launch arrival
 // counters, in device memory. A send advances its sequence number (identically
 // on every rank: all ranks run the same calls in the same order) and hands it
@@ -57,6 +60,10 @@ struct DeviceCounters {
   uint32_t ll_dispatch_lost;        // 1: a wait of this LL dispatch receive lost rows (reset by
                                     // its last block)
   uint32_t reserved[1];
+  // One-rank HT dispatch: block b's (seq, rows of its token range), written once
+  // per dispatch by block b, read by every block of the same kernel
+  // (ht_kernels.cu single_rank_plan); never reset.
+  uint64_t ht_block_rows[kMaxHtBlocks];
 };
 
 // In-kernel profile (JAX_EP_PROFILE=1 at initialisation), from %globaltimer,

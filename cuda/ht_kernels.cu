@@ -212,6 +212,11 @@ __host__ __device__ constexpr size_t dispatch_mask_bytes(int num_tokens) {
 __host__ __device__ constexpr int dispatch_num_tiles(int num_tokens, int tile_tokens) {
   return (num_tokens + tile_tokens - 1) / tile_tokens;
 }
+// One rank: each block sends one contiguous range of ceil(T / G) tokens (G =
+// grid), one tile per block.
+__host__ __device__ constexpr int single_rank_tile_tokens(int num_tokens, int grid) {
+  return num_tokens <= 0 ? 1 : (num_tokens + grid - 1) / grid;
+}
 __host__ __device__ constexpr size_t dispatch_smem_bytes(int num_tokens, int tile_tokens,
                                                          int num_ranks) {
   return dispatch_mask_bytes(num_tokens) +
@@ -360,6 +365,90 @@ __device__ int build_send_plan(const HtContext& ctx, const HtDispatchArgs& args,
   return invalid;
 }
 
+// One rank's send plan and count exchange, in place of build_send_plan and
+// the R x R count exchange (every row is this rank's own): block b masks the
+// tokens of its own range [lo, lo + L), L = single_rank_tile_tokens, in
+// s_mask (1: the token has a valid expert), publishes its count of them as
+// ht_block_rows[b] = (seq, count) (st.release.gpu, after the barrier that
+// follows block 0's zeroing of tokens_per_expert and num_invalid), and waits
+// (bounded) for every block's word of this seq: its first row (the counts of
+// the blocks before it, s_tile_base[b]) and the total (s_prefix). No parity:
+// the next dispatch's kernel starts after this one ended (stream order).
+// Each block adds the out-of-range top-k entries of its range to num_invalid.
+// A timed-out wait counts that block as 0 rows (the fault is recorded).
+// All threads must call it.
+__device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& args, uint32_t seq,
+                                 uint8_t* s_mask, int* s_tile_base, int tile_tokens,
+                                 int* s_prefix, int* s_row_offset) {
+  __shared__ int s_count, s_before, s_total, s_invalid_here;
+  const EpDims d = ctx.dims;
+  const int T = args.num_tokens;
+  const int K = d.num_topk;
+  const int lo = min(T, static_cast<int>(blockIdx.x) * tile_tokens);
+  const int hi = min(T, lo + tile_tokens);
+  const ExpertRank rank_of(d.experts_per_rank);
+  if (threadIdx.x == 0) s_count = s_before = s_total = s_invalid_here = 0;
+  __syncthreads();
+  int invalid = 0, routed = 0;
+  const bool vector_idx = K % 4 == 0 && reinterpret_cast<uintptr_t>(args.topk_idx) % 16 == 0;
+  for (int t = lo + threadIdx.x; t < hi; t += blockDim.x) {
+    uint32_t mask = 0;
+    if (vector_idx) {
+      const int4* entries = reinterpret_cast<const int4*>(args.topk_idx) + t * (K / 4);
+      for (int v = 0; v < K / 4; ++v) {
+        const int4 four = __ldg(entries + v);
+        mask |= entry_rank_bit(four.x, d.num_experts, rank_of, &invalid) |
+                entry_rank_bit(four.y, d.num_experts, rank_of, &invalid) |
+                entry_rank_bit(four.z, d.num_experts, rank_of, &invalid) |
+                entry_rank_bit(four.w, d.num_experts, rank_of, &invalid);
+      }
+    } else {
+      mask = token_ranks(args.topk_idx + t * K, K, d.num_experts, rank_of, &invalid);
+    }
+    s_mask[t] = static_cast<uint8_t>(mask);
+    routed += mask != 0u ? 1 : 0;
+  }
+  routed = __reduce_add_sync(0xffffffffu, routed);
+  invalid = __reduce_add_sync(0xffffffffu, invalid);
+  if (threadIdx.x % kWarpSize == 0) {
+    if (routed) atomicAdd(&s_count, routed);
+    if (invalid) atomicAdd(&s_invalid_here, invalid);
+  }
+  __syncthreads();  // s_mask, s_count; block 0: the zeroing before it
+  if (blockIdx.x == 0 && threadIdx.x == 0) ht_trace(ctx, seq, kTraceMasks);
+  if (threadIdx.x == 0) {
+    st_release_gpu(ctx.counters->ht_block_rows + blockIdx.x,
+                   make_flag(seq, static_cast<uint32_t>(s_count)));
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    ht_trace(ctx, seq, kTraceScan);  // no scan at one rank: the block's count is out
+    ht_trace(ctx, seq, kTracePlanBuilt);
+  }
+  int count = 0, count_before = 0;
+  for (int j = threadIdx.x; j < static_cast<int>(gridDim.x); j += blockDim.x) {
+    const uint32_t got = wait_flag(ctx.counters->ht_block_rows + j, seq, ctx.timeout_ns,
+                                   ctx.status, kOpHtNotify, d.rank, j, /*gpu_scope=*/true);
+    const int rows = got == kFlagTimedOut ? 0 : static_cast<int>(got);
+    count += rows;
+    if (j < static_cast<int>(blockIdx.x)) count_before += rows;
+  }
+  const int before = __reduce_add_sync(0xffffffffu, count_before);
+  const int all = __reduce_add_sync(0xffffffffu, count);
+  if (threadIdx.x % kWarpSize == 0 && all != 0) {
+    atomicAdd(&s_total, all);
+    if (before) atomicAdd(&s_before, before);
+  }
+  __syncthreads();  // every block's count acquired: block 0's zeroing precedes the adds
+  if (threadIdx.x == 0) {
+    s_tile_base[blockIdx.x] = s_before;
+    s_prefix[0] = 0;
+    s_prefix[1] = s_total;
+    s_row_offset[0] = 0;
+    if (s_invalid_here) atomicAdd(args.out_num_invalid, s_invalid_here);
+  }
+  __syncthreads();
+}
+
 // Token t's row on each rank (lane r < R; -1 where it does not go or lands
 // past the capacity): its tile's base plus the tile's earlier tokens that go
 // to r (ballots over their masks), on top of this rank's first row there.
@@ -469,11 +558,19 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     s_dst_stride[r] = self ? args.out_row_stride : b.row_bytes;
   }
   __syncthreads();
-  const int tile_tokens = num_send_blocks * kWarps;
-  const int first_token = send_block * kWarps + warp;
+  // The block's tokens: one in every tile of W = send blocks x warps tokens
+  // per warp; at one rank, the block's own range (single_rank_plan), a warp's
+  // tokens kWarps apart.
+  const int tile_tokens = kSingleRank ? single_rank_tile_tokens(args.num_tokens, num_send_blocks)
+                                      : num_send_blocks * kWarps;
+  const int first_token =
+      kSingleRank ? send_block * tile_tokens + warp : send_block * kWarps + warp;
+  const int token_step = kSingleRank ? kWarps : tile_tokens;
+  const int token_end =
+      kSingleRank ? min(args.num_tokens, (send_block + 1) * tile_tokens) : args.num_tokens;
   // Token t's rows are worked out while the loads of the token before are in
   // flight (shared-memory ballots, no global round trip on the way).
-  int next_row = first_token < args.num_tokens
+  int next_row = first_token < token_end
                      ? token_row(s_mask, s_tile_base, s_row_offset, first_token, tile_tokens, R,
                                  args.capacity, lane)
                      : -1;
@@ -482,7 +579,7 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   int held_chunks[kMaxHeldTokens];
   int num_held = 0;
   const int tokens_per_publication = publish_tokens(args.row_bytes);
-  for (int t = first_token; t < args.num_tokens; t += tile_tokens) {
+  for (int t = first_token; t < token_end; t += token_step) {
     // Every load of token t goes out before its first store: its top-k and
     // weights (lane k), its scales and the first batch of its row. One
     // dependent load round trip per token, not one per destination and field
@@ -503,8 +600,8 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     int4 batch[kUnroll];
     warp_load_batch(batch, src, 0, num_vec, lane);
     if (lane < R) args.out_send_row[t * R + lane] = my_row;
-    if (t + tile_tokens < args.num_tokens) {
-      next_row = token_row(s_mask, s_tile_base, s_row_offset, t + tile_tokens, tile_tokens, R,
+    if (t + token_step < token_end) {
+      next_row = token_row(s_mask, s_tile_base, s_row_offset, t + token_step, tile_tokens, R,
                            args.capacity, lane);
     }
     // Each batch of the row is loaded once and stored to every destination.
@@ -554,7 +651,7 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     const int chunk = lane < R && lane != d.rank && my_row >= 0
                           ? (my_row - s_row_offset[lane]) / kHtChunkRows
                           : -1;
-    if (num_held + 1 < tokens_per_publication && t + tile_tokens < args.num_tokens) {
+    if (num_held + 1 < tokens_per_publication && t + token_step < token_end) {
 #pragma unroll
       for (int i = 0; i < kMaxHeldTokens; ++i) {
         if (i == num_held) held_chunks[i] = chunk;
@@ -738,17 +835,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       args.out_tokens_per_expert[e] = 0;
     }
   }
+  if (kSingleRank && blockIdx.x == 0 && threadIdx.x == 0) *args.out_num_invalid = 0;
   __syncthreads();
-  if (sender) {
-    const int invalid =
-        build_send_plan(ctx, args, seq, s_mask, s_tile_base, tile_tokens, s_warp, s_total);
-    if (invalid) atomicAdd(&s_invalid, invalid);
+  uint64_t plan_built = 0;
+  if constexpr (kSingleRank) {
+    plan_built = ctx.profile != nullptr ? global_timer_ns() : 0;
+    single_rank_plan(ctx, args, seq, s_mask, s_tile_base,
+                     single_rank_tile_tokens(args.num_tokens, num_send_blocks), s_prefix,
+                     s_row_offset);
+  } else {
+    if (sender) {
+      const int invalid =
+          build_send_plan(ctx, args, seq, s_mask, s_tile_base, tile_tokens, s_warp, s_total);
+      if (invalid) atomicAdd(&s_invalid, invalid);
+    }
+    plan_built = ctx.profile != nullptr ? global_timer_ns() : 0;
+    if (blockIdx.x == 0 && threadIdx.x == 0) ht_trace(ctx, seq, kTracePlanBuilt, plan_built);
+    receive_counts(ctx, seq, s_matrix, s_prefix, s_row_offset);
+    if (blockIdx.x == 0 && threadIdx.x == 0) *args.out_num_invalid = s_invalid;
   }
-  const uint64_t plan_built = ctx.profile != nullptr ? global_timer_ns() : 0;
-  if (blockIdx.x == 0 && threadIdx.x == 0) ht_trace(ctx, seq, kTracePlanBuilt, plan_built);
-  receive_counts(ctx, seq, s_matrix, s_prefix, s_row_offset);
   if (blockIdx.x == 0 && threadIdx.x == 0) {
-    *args.out_num_invalid = s_invalid;
     if (ctx.profile != nullptr) {
       const uint64_t now = global_timer_ns();
       ht_trace(ctx, seq, kTraceCounts, now);
@@ -1115,15 +1221,18 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
       grid == 1 || ctx.dims.num_ranks == 1
           ? grid
           : grid - std::max(1, grid / std::max(2, ctx.recv_divisor));
+  const bool single_rank = ctx.dims.num_ranks == 1;
   const size_t smem =
-      dispatch_smem_bytes(args.num_tokens, num_send_blocks * kWarps, ctx.dims.num_ranks);
+      single_rank ? dispatch_mask_bytes(args.num_tokens) + sizeof(int) * grid  // a base per block
+                  : dispatch_smem_bytes(args.num_tokens, num_send_blocks * kWarps,
+                                        ctx.dims.num_ranks);
   if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.experts_per_rank > 1024 ||
+      (single_rank && grid > kMaxHtBlocks) ||
       args.row_bytes % 16 != 0 || args.row_bytes > ctx.buffers.row_bytes ||
       ctx.dims.num_topk > kWarpSize || args.num_tokens > kHtMaxTokens ||
       smem > kDispatchMaxSmem) {
     return cudaErrorInvalidValue;
   }
-  const bool single_rank = ctx.dims.num_ranks == 1;
   auto kernel = args.scales != nullptr ? (single_rank ? ht_dispatch<true, true> : ht_dispatch<true, false>)
                                        : (single_rank ? ht_dispatch<false, true> : ht_dispatch<false, false>);
   kernel<<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks);
