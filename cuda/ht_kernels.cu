@@ -39,6 +39,18 @@
 //   The only wait on a block of this kernel is every block's wait for block
 //   0's counts (block 0 publishes before it waits); a rank waits for a peer's
 //   rows only in step 4.
+// dispatch at one rank (R = 1; single_rank_plan): block b sends the tokens of
+//   its own contiguous range [b*L, b*L + L), L = ceil(T / G), G = grid, a
+//   warp's tokens kWarps apart. Steps 1-2 become: block b masks its range,
+//   writes counters->ht_block_rows[b] = (seq, its count) (st.release.gpu, after
+//   the barrier behind block 0's zeroing of tokens_per_expert and
+//   num_invalid) and waits for every block's word of this seq: the blocks
+//   before b give its first row, all of them the total. No parity: the next
+//   dispatch starts after this kernel ended. Step 4 has no chunks (no tickets
+//   are taken); without the profile there is no last block: block 0 writes
+//   num_tokens, num_dropped and the sequence number (after its wait, so after
+//   every block has read the old one), and a fault recorded before the call
+//   does not void it (the next execution fails on it in the prepare stage).
 // Buffer reuse:
 //   * recv_*/chunk_arrived: a peer writes them for the next dispatch only after
 //     this rank's notify flag of that dispatch, which this rank sends in the
@@ -59,6 +71,8 @@
 //   ht_combine_recv: waits for every rank's combine flag; out[t] = sum over
 //     ranks r with send_row[t][r] >= 0 of combine_recv[p][r][t] (r != me) or
 //     y[send_row[t][me]] (r == me), in fp32, in rank order.
+// At one rank only ht_combine_recv runs (every row is in y) and, without the
+// profile, block 0 advances the sequence number (no last block).
 // A combine sends without a handshake, so its buffers alternate by parity: a
 // peer can write parity p again two combines later only after receiving this
 // rank's rows of the combine in between, sent after this rank read parity p.
