@@ -31,11 +31,19 @@ class Outcome:
     us: per-call time, the maximum over ranks; None if any rank failed.
     error: "rank N: <exception>" of the first failing rank, else None.
     timing: this rank's Timing (None where it failed).
+    noise_us: the slope's noise (Timing.noise_us), the largest over ranks; None
+      if any rank failed or had no estimate.
   """
 
   us: float | None
   error: str | None
   timing: Timing | None = None
+  noise_us: float | None = None
+
+  @property
+  def stable(self) -> bool | None:
+    """Whether the time stands out of its noise (timing.slope_is_stable)."""
+    return timing.slope_is_stable(self.us, self.noise_us)
 
 
 def allgather(value: np.ndarray) -> np.ndarray:
@@ -80,11 +88,15 @@ def run_system(timer: Callable[[], Timing], gather: Callable[[np.ndarray], np.nd
       error = f"non-finite time {timing.median_us}"
   except Exception as e:  # pylint: disable=broad-except
     error = f"{type(e).__name__}: {e}".strip() or type(e).__name__
-  local_us = np.float64(timing.median_us if timing is not None and error is None else np.nan)
-  us_all = gather(np.asarray([local_us]))[:, 0]
+  ok = timing is not None and error is None
+  local = np.asarray([timing.median_us if ok else np.nan, timing.noise_us if ok else np.nan],
+                     dtype=np.float64)
+  gathered = gather(local)
   errors = [decode_error(b) or None for b in gather(encode_error(error))]
-  us, first_error = combine_outcomes(us_all, errors)
-  return Outcome(us=us, error=first_error, timing=timing)
+  us, first_error = combine_outcomes(gathered[:, 0], errors)
+  noise = gathered[:, 1]
+  noise_us = float(np.max(noise)) if us is not None and np.all(np.isfinite(noise)) else None
+  return Outcome(us=us, error=first_error, timing=timing, noise_us=noise_us)
 
 
 class Runner:
@@ -146,5 +158,7 @@ class Runner:
     if rank == 0:
       result = (f"{outcome.us:.1f} us" if outcome.error is None
                 else f"FAILED: {outcome.error.splitlines()[0][:300]}")
+      if outcome.stable is False:
+        result += f" (unstable slope: noise {outcome.noise_us:.1f} us per call)"
       print(f"bench: {self.context}{label}: {result}", flush=True)
     return outcome

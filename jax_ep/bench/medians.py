@@ -32,7 +32,9 @@ def summarize(runs: Sequence[dict], names: Sequence[str]) -> dict:
   """{rows: [{op, system, median_us, min_us, max_us, runs, us}], files, commit, ...}.
 
   ``runs``: the loaded JSONs, ``names`` their file names. A row that failed in
-  a run is left out of that run's times (``failed_runs`` counts them).
+  a run is left out of that run's times (``failed_runs`` counts them); a time
+  whose slope did not stand out of its noise stays in (``unstable_runs`` counts
+  them: leaving them out would pick the runs).
   Raises ValueError when the runs are not of one commit, mode and settings."""
   if not runs:
     raise ValueError("no runs")
@@ -48,20 +50,23 @@ def summarize(runs: Sequence[dict], names: Sequence[str]) -> dict:
   order: list[tuple[str, str]] = []
   times: dict[tuple[str, str], list[float]] = {}
   failed: dict[tuple[str, str], int] = {}
+  unstable: dict[tuple[str, str], int] = {}
   for run in runs:
     for row in run.get("rows", []):
       key = (row["op"], row["system"])
       if key not in times:
         order.append(key)
-        times[key], failed[key] = [], 0
+        times[key], failed[key], unstable[key] = [], 0, 0
       if row.get("failed") or row.get("us") is None:
         failed[key] += 1
       else:
         times[key].append(float(row["us"]))
+        unstable[key] += row.get("stable_slope") is False
   rows = []
   for key in order:
     us = times[key]
-    rows.append(dict(op=key[0], system=key[1], runs=len(us), failed_runs=failed[key], us=us,
+    rows.append(dict(op=key[0], system=key[1], runs=len(us), failed_runs=failed[key],
+                     unstable_runs=unstable[key], us=us,
                      median_us=statistics.median(us) if us else None,
                      min_us=min(us) if us else None, max_us=max(us) if us else None))
   return dict(mode=first.get("mode"), commit=first.get("commit"),
@@ -79,7 +84,8 @@ def format_summary(summary: dict) -> str:
       continue
     lines.append(f"  {row['op']:<44} {row['system']:<28} {row['median_us']:9.1f} us  "
                  f"(min {row['min_us']:.1f}, max {row['max_us']:.1f}, {row['runs']} runs"
-                 f"{', ' + str(row['failed_runs']) + ' failed' if row['failed_runs'] else ''})")
+                 f"{', ' + str(row['failed_runs']) + ' failed' if row['failed_runs'] else ''}"
+                 f"{', ' + str(row['unstable_runs']) + ' with an unstable slope' if row.get('unstable_runs') else ''})")
   return "\n".join(lines)
 
 

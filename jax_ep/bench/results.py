@@ -7,6 +7,7 @@ import json
 import math
 
 from jax_ep.bench import traffic as traffic_lib
+from jax_ep.bench.timing import slope_is_stable
 
 TABLE_ERROR_CHARS = 100
 
@@ -24,6 +25,8 @@ class Row:
     bare_us: the bare all_to_all of the same padded payload in the same run.
     portable_us: the portable all_to_all path of the same op in the same run.
     note: a short remark for the reader.
+    noise_us: the slope's noise per call (timing.slope_noise_us, the largest
+      over ranks); None without an estimate.
   """
 
   op: str
@@ -34,10 +37,17 @@ class Row:
   bare_us: float | None = None
   portable_us: float | None = None
   note: str = ""
+  noise_us: float | None = None
 
   @property
   def failed(self) -> bool:
     return self.error is not None
+
+  @property
+  def stable_slope(self) -> bool | None:
+    """False when the time does not stand out of its noise (timing.slope_is_stable):
+    the row is kept as measured, and the table and the JSON say so."""
+    return slope_is_stable(self.us, self.noise_us)
 
   @property
   def gbps(self) -> float | None:
@@ -62,7 +72,8 @@ class Row:
   def to_json(self) -> dict:
     out = dataclasses.asdict(self)
     out.update(gbps=self.gbps, link_gbps=self.link_gbps, vs_bare=self.vs_bare,
-               speedup_vs_portable=self.speedup_vs_portable, failed=self.failed)
+               speedup_vs_portable=self.speedup_vs_portable, failed=self.failed,
+               stable_slope=self.stable_slope)
     return out
 
 
@@ -87,7 +98,9 @@ def format_table(rows: list[Row], title: str) -> str:
       lines.append(f"{head}{'FAILED':>10}  {first[:TABLE_ERROR_CHARS]}")
       continue
     lines.append(f"{head}{_cell(r.us, 10, 1)}{_cell(r.gbps, 9, 1)}{_cell(r.link_gbps, 11, 1)}"
-                 f"{_cell(r.vs_bare, 8, 2)}{_cell(r.speedup_vs_portable, 11, 2)}")
+                 f"{_cell(r.vs_bare, 8, 2)}{_cell(r.speedup_vs_portable, 11, 2)}"
+                 + (f"  unstable slope (noise {r.noise_us:.1f} us)"
+                    if r.stable_slope is False else ""))
   return "\n".join(lines)
 
 
@@ -114,4 +127,5 @@ def row_of(op: str, system: str, outcome, traffic: traffic_lib.Traffic | None = 
   with (their times, where they did not fail)."""
   return Row(op=op, system=system, us=outcome.us, error=outcome.error, traffic=traffic,
              bare_us=bare.us if bare is not None else None,
-             portable_us=portable.us if portable is not None else None, note=note)
+             portable_us=portable.us if portable is not None else None, note=note,
+             noise_us=getattr(outcome, "noise_us", None))

@@ -20,6 +20,7 @@ peers'). Every system is timed this same way, in the same run.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from typing import Callable, Sequence
@@ -47,6 +48,9 @@ class Timing:
     calls_per_loop: N, calls in the long executable.
     short_calls: calls in the short executable (N // 5, at least 1).
     repeats: executions of each loop length.
+    noise_us: per call, the slope's noise: the interquartile ranges of the long
+      and the short executions' wall times, added, over N - N/5 (slope_noise_us);
+      NaN where each length ran once (time_single_shot).
   """
 
   median_us: float
@@ -55,6 +59,12 @@ class Timing:
   calls_per_loop: int
   short_calls: int
   repeats: int
+  noise_us: float = math.nan
+
+  @property
+  def stable(self) -> bool | None:
+    """Whether the slope stands out of its noise (see slope_is_stable)."""
+    return slope_is_stable(self.median_us, self.noise_us)
 
 
 def short_calls_of(num_calls: int) -> int:
@@ -79,6 +89,32 @@ def slope_us(long_s: Sequence[float], short_s: Sequence[float], long_calls: int,
       long_calls - short_calls)
 
 
+def slope_noise_us(long_s: Sequence[float], short_s: Sequence[float], long_calls: int,
+                   short_calls: int) -> float:
+  """(IQR(long_s) + IQR(short_s)) / (long_calls - short_calls), in microseconds.
+
+  How far the host's noise moves the slope: each median sits within its
+  samples' interquartile range, so a slope below this is not measured (a
+  negative slope, as once seen for a 4 us op at N = 50 and 7 executions,
+  2026-12-01, docs/benchmarks.md). NaN with fewer than two samples of a length."""
+  if len(long_s) < 2 or len(short_s) < 2:
+    return math.nan
+
+  def iqr(samples: Sequence[float]) -> float:
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return q3 - q1
+
+  return (iqr(long_s) + iqr(short_s)) * 1e6 / (long_calls - short_calls)
+
+
+def slope_is_stable(slope_us: float | None, noise_us: float | None) -> bool | None:
+  """A slope stands out of its noise when it is positive and larger than it;
+  None when there is no noise estimate (one execution per length) or no slope."""
+  if slope_us is None or noise_us is None or not math.isfinite(noise_us):
+    return None
+  return slope_us > 0 and noise_us < slope_us
+
+
 def time_loops(run: Callable[[int], None], num_calls: int, repeats: int,
                clock: Clock = time.perf_counter) -> Timing:
   """Times ``run(n)`` (one execution of the n-call executable, until its result
@@ -94,7 +130,8 @@ def time_loops(run: Callable[[int], None], num_calls: int, repeats: int,
   long_s = samples[num_calls]
   return Timing(slope_us(long_s, samples[short_calls], num_calls, short_calls),
                 min(long_s) * 1e6 / num_calls, max(long_s) * 1e6 / num_calls, num_calls,
-                short_calls, repeats)
+                short_calls, repeats,
+                slope_noise_us(long_s, samples[short_calls], num_calls, short_calls))
 
 
 def warmup_executions(num_calls: int, warmup_calls: int = WARMUP_CALLS) -> int:

@@ -7,8 +7,9 @@ import pytest
 from jax_ep.bench import medians
 
 
-def _run(us_by_op, commit="abc1234", tokens=128, failed=()):
-  rows = [dict(op=op, system="jax_ep", us=us, failed=op in failed) for op, us in us_by_op.items()]
+def _run(us_by_op, commit="abc1234", tokens=128, failed=(), unstable=()):
+  rows = [dict(op=op, system="jax_ep", us=us, failed=op in failed,
+               stable_slope=False if op in unstable else True) for op, us in us_by_op.items()]
   return dict(mode="ll", ragged=False, commit=dict(short=commit, dirty=False), date="2026-12-01",
               machine=dict(device_kind="H200", device_count=1),
               meta=dict(tokens_per_rank=tokens, hidden=7168), rows=rows)
@@ -28,6 +29,14 @@ def test_failed_rows_are_left_out_and_counted():
   runs = [_run({"a": 5.0}), _run({"a": 1.0}, failed=("a",)), _run({"a": 7.0})]
   row = medians.summarize(runs, ["r1", "r2", "r3"])["rows"][0]
   assert row["runs"] == 2 and row["failed_runs"] == 1 and row["median_us"] == 6.0
+
+
+def test_unstable_slopes_stay_in_the_median_and_are_counted(capsys):
+  runs = [_run({"a": 4.6}), _run({"a": -0.3}, unstable=("a",)), _run({"a": 4.8})]
+  summary = medians.summarize(runs, ["r1", "r2", "r3"])
+  row = summary["rows"][0]
+  assert row["runs"] == 3 and row["unstable_runs"] == 1 and row["median_us"] == 4.6
+  assert "1 with an unstable slope" in medians.format_summary(summary)
 
 
 @pytest.mark.parametrize("other", [dict(commit="def5678"), dict(tokens=256)])

@@ -42,7 +42,7 @@ def test_a_failure_on_another_rank_fails_the_system_everywhere():
   def other_failed(local):
     if local.dtype == np.uint8:
       return measure.encode_error("RuntimeError: peer timeout")
-    return np.asarray([np.nan])
+    return np.asarray([np.nan, np.nan])  # (time, noise) of a failed rank
 
   outcome = measure.run_system(lambda: _timing(5.0), gather=_ranks(other_failed))
   assert outcome.us is None and outcome.error == "rank 1: RuntimeError: peer timeout"
@@ -50,9 +50,33 @@ def test_a_failure_on_another_rank_fails_the_system_everywhere():
 
 
 def test_the_time_is_the_slowest_rank():
-  slower = lambda local: np.asarray([7.5]) if local.dtype != np.uint8 else local  # noqa: E731
-  outcome = measure.run_system(lambda: _timing(5.0), gather=_ranks(slower))
+  # Another rank: slower, and noisier; the gather carries (time, noise) per rank.
+  slower = lambda local: np.asarray([7.5, 0.8]) if local.dtype != np.uint8 else local  # noqa: E731
+  outcome = measure.run_system(lambda: _noisy_timing(5.0, 0.2), gather=_ranks(slower))
   assert (outcome.us, outcome.error) == (7.5, None)
+  assert outcome.noise_us == 0.8 and outcome.stable  # the largest noise over ranks
+
+
+def _noisy_timing(us: float, noise_us: float) -> Timing:
+  return Timing(us, us, us, 50, 10, 7, noise_us)
+
+
+def test_a_slope_inside_its_noise_is_kept_and_flagged(tmp_path):
+  outcome = measure.run_system(lambda: _noisy_timing(-0.3, 2.0), gather=_ranks(_same))
+  assert outcome.us == -0.3 and outcome.error is None and outcome.stable is False
+  rows = [results.row_of("LL dispatch, no rows", "jax_ep", outcome),
+          results.row_of("LL combine, no rows", "jax_ep",
+                         measure.run_system(lambda: _noisy_timing(4.4, 0.5),
+                                            gather=_ranks(_same))),
+          results.row_of("no estimate", "jax_ep", measure.Outcome(us=3.0, error=None))]
+  lines = results.format_table(rows, "title").splitlines()
+  assert "unstable slope (noise 2.0 us)" in lines[2] and "unstable" not in lines[3]
+  assert "unstable" not in lines[4]
+  path = tmp_path / "out.json"
+  results.write_json(str(path), dict(rows=rows))
+  written = json.loads(path.read_text())["rows"]
+  assert [r["stable_slope"] for r in written] == [False, True, None]
+  assert [r["noise_us"] for r in written] == [2.0, 0.5, None]
 
 
 def test_a_non_finite_time_is_a_failure():

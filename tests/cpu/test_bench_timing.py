@@ -70,6 +70,36 @@ def test_time_loops_recovers_the_per_call_cost_and_drops_the_fixed_cost():
   assert result.max_us == pytest.approx((fixed + per_call * 50 + 20e-3) / 50 * 1e6, rel=1e-9)
 
 
+def test_slope_noise_is_the_samples_spread_over_the_difference_of_calls():
+  long_s = [1.0e-3, 1.2e-3, 1.1e-3, 1.4e-3, 1.3e-3]  # IQR (inclusive quartiles) 0.2 ms
+  short_s = [0.5e-3, 0.5e-3, 0.6e-3, 0.5e-3, 0.6e-3]  # IQR 0.1 ms
+  assert timing.slope_noise_us(long_s, short_s, 50, 10) == pytest.approx(300.0 / 40, rel=1e-9)
+  assert np.isnan(timing.slope_noise_us([1.0], [0.5], 50, 10))  # one sample: no estimate
+
+
+@pytest.mark.parametrize("slope, noise, stable", [
+    (4.6, 1.0, True), (4.6, 5.0, False), (-0.3, 0.1, False), (0.0, 0.0, False),
+    (4.6, float("nan"), None), (None, 1.0, None)])
+def test_a_slope_is_stable_when_positive_and_above_its_noise(slope, noise, stable):
+  assert timing.slope_is_stable(slope, noise) is stable
+
+
+def test_time_loops_flags_a_slope_lost_in_the_host_noise():
+  # 1 us per call against executions that jitter by 100-300 us: the slope may
+  # come out anywhere, even negative; its noise says it is not measured.
+  jitter = {50: [0.0, 300e-6, 100e-6, 250e-6, 0.0], 10: [200e-6, 0.0, 300e-6, 0.0, 150e-6]}
+
+  def cost(n, i):
+    return 3e-3 + 1e-6 * n + jitter[n][i]
+
+  clock = FakeClock(cost)
+  result = timing.time_loops(clock.run, num_calls=50, repeats=5, clock=clock)
+  assert result.noise_us > abs(result.median_us) and result.stable is False
+  quiet = timing.time_loops(FakeClock(lambda n, i: 3e-3 + 40e-6 * n).run, 50, 5,
+                            clock=FakeClock(lambda n, i: 0.0))
+  assert quiet.noise_us == 0.0
+
+
 def test_time_per_call_times_the_long_and_the_short_executable_with_the_clock():
   """The real executables run; the injected clock decides the durations: the k-th
   long / short execution takes long_s[k] / short_s[k]."""
