@@ -719,7 +719,7 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
     total_chunks += num_chunks[s];
   }
   // No chunks (one rank, or nothing from peers): no ticket is taken.
-  for (; total_chunks > 0;) {
+  while (total_chunks > 0) {
     if (threadIdx.x == 0) {
       s_item = static_cast<int>(atomicAdd(&ctx.counters->ht_recv_ticket, 1u));
     }
@@ -990,6 +990,15 @@ struct RowElements;
 // -0 becomes +0, a NaN the canonical NaN) for a fifth of the instructions of
 // the float path, which left the one-rank combine issue-bound (2026-12-01,
 // docs/benchmarks.md).
+// One packed add of `zero` (+0 as a pair of 2-byte elements) per pair of a
+// 16-byte vector.
+template <typename Pair>
+__device__ __forceinline__ int4 plus_zero_pairs(int4 v, Pair zero) {
+  auto* pairs = reinterpret_cast<Pair*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) pairs[i] = __hadd2(pairs[i], zero);
+  return v;
+}
 template <>
 struct RowElements<__nv_bfloat16> {
   static constexpr int kPerVector = 8;
@@ -1000,11 +1009,7 @@ struct RowElements<__nv_bfloat16> {
     reinterpret_cast<__nv_bfloat16*>(&v)[j] = __float2bfloat16_rn(x);
   }
   __device__ static int4 plus_zero(int4 v) {
-    auto* pairs = reinterpret_cast<__nv_bfloat162*>(&v);
-    const __nv_bfloat162 zero = __float2bfloat162_rn(0.0f);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) pairs[i] = __hadd2(pairs[i], zero);
-    return v;
+    return plus_zero_pairs(v, __float2bfloat162_rn(0.0f));
   }
 };
 template <>
@@ -1016,13 +1021,7 @@ struct RowElements<__half> {
   __device__ static void set(int4& v, int j, float x) {
     reinterpret_cast<__half*>(&v)[j] = __float2half_rn(x);
   }
-  __device__ static int4 plus_zero(int4 v) {
-    auto* pairs = reinterpret_cast<__half2*>(&v);
-    const __half2 zero = __float2half2_rn(0.0f);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) pairs[i] = __hadd2(pairs[i], zero);
-    return v;
-  }
+  __device__ static int4 plus_zero(int4 v) { return plus_zero_pairs(v, __float2half2_rn(0.0f)); }
 };
 template <>
 struct RowElements<float> {

@@ -3,10 +3,14 @@
 One process on one GPU, the bench's shapes (jax_ep/bench/ll.py, ht.py): mode
 "ll" runs the LL dispatch (FP8, BF16, no rows) and combine (BF16, no rows),
 mode "ht" the HT dispatch (BF16, FP8) and combine at 24 SMs, each op
-``CALLS`` times under jit(shard_map), in that order. tools/ncu_probe.sh runs it
-under ncu with XLA's command buffers off, so each call is one plain launch.
+``CALLS`` times under jit(shard_map), in that order. Run it under ncu with XLA's
+command buffers off, so that each call is one plain launch. With ncu's default
+kernel replay it did not profile these kernels (2026-12-01, docs/benchmarks.md:
+the replay backs up the process's device memory, the NVSHMEM heap among it).
 Not part of the library.
-    python tools/ncu_probe.py ll|ht
+    XLA_FLAGS=--xla_gpu_enable_command_buffer= ncu --clock-control none \
+        -k regex:"ll_dispatch|ll_combine|ht_dispatch|ht_combine" \
+        python tools/ncu_probe.py ll|ht
 """
 
 from __future__ import annotations
