@@ -190,10 +190,16 @@ def require(config: EpConfig, op: str, *, every_rank: bool = False) -> RuntimeSt
   if not fault["ok"]:
     # Executables compiled earlier fail in XLA (a runtime error carrying this
     # message); a new trace fails here, as a real EpError.
+    if fault.get("kind") == "protocol":
+      what = ("ran while a split send of its kind awaited its receive (each "
+              "low_latency_*_send must reach its *_recv before the next send or one-call op of "
+              "that kind); its results were void")
+    else:
+      what = f"timed out waiting for EP rank {fault['peer']} (detail {fault['detail']})"
     raise EpError(
-        f"jax_ep.{op}: an earlier jax_ep op ({fault['op']}) timed out waiting for EP rank "
-        f"{fault['peer']} (detail {fault['detail']}); the EP group is out of step. Restart it: "
-        "jax_ep.finalize() and jax_ep.initialize() on every rank (docs/reliability.md)")
+        f"jax_ep.{op}: an earlier jax_ep op ({fault['op']}) {what}; the EP group is out of "
+        "step. Restart it: jax_ep.finalize() and jax_ep.initialize() on every rank "
+        "(docs/reliability.md)")
   if current.config != config:
     raise EpConfigError(
         f"jax_ep.{op}: jax_ep was initialized with {current.config} but this call uses "
@@ -247,14 +253,18 @@ def unmask_all() -> None:
 # Names of the ops a fault word can point at (cuda/ep_types.h OpCode).
 _OP_NAMES = {1: "low_latency_dispatch", 2: "low_latency_combine",
              3: "dispatch (count exchange)", 4: "dispatch", 5: "combine"}
+# DeviceStatus::code (cuda/ep_types.h kStatus*).
+_FAULT_KINDS = {1: "timeout", 2: "protocol"}
 
 
 def status() -> dict:
   """The process's jax_ep fault status, read without synchronising the GPU.
 
   Returns a dict: ``ok`` (bool), ``backend``, and when a fault was recorded
-  ``op`` (the op that timed out), ``peer`` (the EP rank it waited for),
-  ``detail`` and ``fault_count``. On CUDA, ``fails_next_execution`` says
+  ``kind`` ("timeout": ``op`` timed out waiting for EP rank ``peer``;
+  "protocol": ``op`` ran while a split send of its kind awaited its receive,
+  ``peer`` is this rank), ``op``, ``peer``, ``detail`` (of the first fault)
+  and ``fault_count``. On CUDA, ``fails_next_execution`` says
   whether a fault also fails executions replayed from command buffers (the
   prepare-stage check, on unless JAX_EP_PREPARE_STATUS_CHECK=0;
   docs/reliability.md).
@@ -266,7 +276,8 @@ def status() -> dict:
   result = {"ok": raw["code"] == 0, "backend": "cuda",
             "fails_next_execution": _extension.prepare_status_check()["enabled"]}
   if raw["code"]:
-    result.update(op=_OP_NAMES.get(raw["op"], f"op {raw['op']}"), peer=raw["peer"],
+    result.update(kind=_FAULT_KINDS.get(raw["code"], f"code {raw['code']}"),
+                  op=_OP_NAMES.get(raw["op"], f"op {raw['op']}"), peer=raw["peer"],
                   detail=raw["detail"], fault_count=raw["fault_count"])
   return result
 

@@ -271,11 +271,45 @@ def test_a_recorded_fault_fails_the_next_trace_with_ep_error(monkeypatch):
   config, mesh = setup(2, **CONFIG)
   idx = np.zeros((2 * 4, 2), np.int32)
   monkeypatch.setattr(runtime, "status", lambda: {
-      "ok": False, "backend": "cuda", "op": "dispatch (count exchange)", "peer": 1, "detail": 0,
-      "fault_count": 1})
+      "ok": False, "backend": "cuda", "kind": "timeout", "op": "dispatch (count exchange)",
+      "peer": 1, "detail": 0, "fault_count": 1})
   with pytest.raises(jax_ep.EpError, match=r"dispatch \(count exchange\)\) timed out waiting "
                                            r"for EP rank 1"):
     run_per_shard(lambda i: jax_ep.get_dispatch_layout(i, config=config)[0], mesh, idx)
+
+
+def test_a_protocol_fault_is_not_reported_as_a_timeout(monkeypatch):
+  """A one-call LL op while a split send of its kind awaits its receive is a
+  misuse of the split API, not a peer's timeout: the error says what happened."""
+  from jax_ep import runtime  # pylint: disable=import-outside-toplevel
+  config, mesh = setup(2, **CONFIG)
+  idx = np.zeros((2 * 4, 2), np.int32)
+  monkeypatch.setattr(runtime, "status", lambda: {
+      "ok": False, "backend": "cuda", "kind": "protocol", "op": "low_latency_dispatch",
+      "peer": 0, "detail": 0, "fault_count": 1})
+  with pytest.raises(jax_ep.EpError, match=r"low_latency_dispatch\) ran while a split send of "
+                                           r"its kind awaited its receive") as raised:
+    run_per_shard(lambda i: jax_ep.get_dispatch_layout(i, config=config)[0], mesh, idx)
+  assert "timed out" not in str(raised.value)
+
+
+@pytest.mark.parametrize("code, kind", [(1, "timeout"), (2, "protocol")])
+def test_status_names_the_kind_of_fault(monkeypatch, code, kind):
+  """jax_ep.status() on CUDA: the device status word's code as a kind (a stand-in
+  for the CUDA runtime's status read; cuda/ep_types.h kStatus*)."""
+  from jax_ep import runtime  # pylint: disable=import-outside-toplevel
+  setup(2, **CONFIG)
+
+  class StatusWord:
+    def status(self):
+      return dict(code=code, op=1, peer=0, detail=3, fault_count=2)
+
+  with monkeypatch.context() as patch:  # undone before the test's teardown finalizes
+    patch.setattr(runtime, "_state", dataclasses.replace(runtime._state, cuda=StatusWord()))
+    fault = jax_ep.status()
+  assert fault["ok"] is False and fault["kind"] == kind
+  assert (fault["op"], fault["peer"], fault["detail"], fault["fault_count"]) == (
+      "low_latency_dispatch", 0, 3, 2)
 
 
 def test_a_failed_runtime_token_is_also_dropped_at_exit():

@@ -77,6 +77,15 @@ ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const CallConfig& 
 ffi::Error PendingFault(const char* op, const cuda::Runtime& runtime) {
   const cuda::DeviceStatus status = runtime.status();
   if (status.code == cuda::kStatusOk) return ffi::Error::Success();
+  if (status.code == cuda::kStatusProtocol) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      std::string("jax_ep.EpError: jax_ep ") + op + ": an earlier jax_ep op (" +
+                          OpName(status.op) +
+                          ") ran while a split send of its kind awaited its receive (each "
+                          "low_latency_*_send must reach its *_recv before the next send or "
+                          "one-call op of that kind); its results were void and the EP "
+                          "group's low-latency state is out of step: see jax_ep.status()");
+  }
   return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
                     std::string("jax_ep.EpError: jax_ep ") + op + ": an earlier jax_ep op (" +
                         OpName(status.op) + ") timed out waiting for EP rank " +
