@@ -985,13 +985,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Elements of a 16-byte vector of combine rows, as fp32.
 template <typename T>
 struct RowElements;
-// plus_zero(v): each element plus +0 in its own type, the one-source sum
-// (0.0f + x, rounded back) in one packed add per pair: the same bits (x itself,
-// -0 becomes +0, a NaN the canonical NaN) for a fifth of the instructions of
-// the float path, which left the one-rank combine issue-bound (2026-12-01,
-// docs/benchmarks.md).
-// One packed add of `zero` (+0 as a pair of 2-byte elements) per pair of a
-// 16-byte vector.
+// plus_zero(v): each element plus +0 in its own type, the one-source sum of
+// the one-rank combine (0.0f + x in fp32, rounded back) in one packed add per
+// pair of 2-byte elements: the same bits for every number (x itself, -0
+// becomes +0; a NaN stays a NaN, its payload bits not checked) in about a
+// fifth of the float path's instructions. With it,
+// the loads a token ahead and no last block, the one-rank combine kernel went
+// from 62.5 to 56.9 us (2026-12-01, docs/benchmarks.md; the add's own share was
+// not measured apart).
 template <typename Pair>
 __device__ __forceinline__ int4 plus_zero_pairs(int4 v, Pair zero) {
   auto* pairs = reinterpret_cast<Pair*>(&v);

@@ -763,8 +763,9 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
     // writes it) and voids its experts' counts, block 0 records the fault.
     static_assert(kSend && kRecv, "one rank: the one-call op only");
     const bool void_call = ld_volatile_u32(&counters->ll_dispatch_outstanding) != 0u;
-    // Block 0's sequence number, loaded now and stored at the end: a load there
-    // would be one more round trip after the block's last store.
+    // Block 0's sequence number, loaded now with the block's other loads and
+    // stored at the end (no load after its last store; no measurable change in
+    // the kernel's time, 2026-12-01, docs/benchmarks.md).
     const uint32_t seq = blockIdx.x == 0 && threadIdx.x == 0
                              ? ld_volatile_u32(&counters->ll_dispatch_seq)
                              : 0u;
