@@ -74,8 +74,9 @@ def ll_ops(mesh) -> None:
 
 
 def ht_ops(mesh) -> None:
-  setup = ht._setup(mesh, TOKENS["ht"], HIDDEN, EXPERTS, TOPK, 0, 24)  # pylint: disable=protected-access
-  inputs = ht._inputs(setup)  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  setup = ht._setup(mesh, TOKENS["ht"], HIDDEN, EXPERTS, TOPK, 0, 24)  # the bench's setup at 24 SMs
+  inputs = ht._inputs(setup)
   for name, op in ht.jax_ep_ops(setup.config).items():
     args = inputs[name]
     _run(f"HT {name}", op, mesh, args() if callable(args) else args)

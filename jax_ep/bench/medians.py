@@ -82,10 +82,11 @@ def format_summary(summary: dict) -> str:
     if row["median_us"] is None:
       lines.append(f"  {row['op']:<44} {row['system']:<28} FAILED in every run")
       continue
+    notes = "".join(f", {count} {what}" for count, what in (
+        (row["failed_runs"], "failed"), (row.get("unstable_runs", 0), "with an unstable slope"))
+        if count)
     lines.append(f"  {row['op']:<44} {row['system']:<28} {row['median_us']:9.1f} us  "
-                 f"(min {row['min_us']:.1f}, max {row['max_us']:.1f}, {row['runs']} runs"
-                 f"{', ' + str(row['failed_runs']) + ' failed' if row['failed_runs'] else ''}"
-                 f"{', ' + str(row['unstable_runs']) + ' with an unstable slope' if row.get('unstable_runs') else ''})")
+                 f"(min {row['min_us']:.1f}, max {row['max_us']:.1f}, {row['runs']} runs{notes})")
   return "\n".join(lines)
 
 
