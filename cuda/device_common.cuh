@@ -269,6 +269,15 @@ __device__ __forceinline__ bool arrive_is_last_block(uint32_t* done_counter) {
   return is_last;
 }
 
+// Whether this thread runs the kernel's epilogue: thread 0 of the last block to
+// arrive (arrive_is_last_block), or, with `block0_alone` (the epilogue reads
+// nothing that other blocks wrote), thread 0 of block 0 with no arrival at
+// all. Every thread must call it.
+__device__ __forceinline__ bool runs_epilogue(uint32_t* done_counter, bool block0_alone) {
+  if (block0_alone) return blockIdx.x == 0 && threadIdx.x == 0;
+  return arrive_is_last_block(done_counter) && threadIdx.x == 0;
+}
+
 // Like arrive_is_last_block, for epilogues that only do device bookkeeping
 // (sequence numbers, tickets) read by later kernels: no system-scope fences,
 // one GPU-scope acquire-release atomic per block.

@@ -904,33 +904,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) {
     if (s_tpe[e]) atomicAdd(args.out_tokens_per_expert + e, s_tpe[e]);
   }
-  if (kSingleRank && ctx.profile == nullptr) {
-    // One rank, unprofiled: no last block. No rows come from peers (no chunk
-    // tickets to reset) and no peer can be out of step, so block 0 writes the
-    // counts and the sequence number, and every block's adds to
-    // tokens_per_expert land before the kernel ends. A fault recorded before
-    // the call does not void it: the next execution fails on it in the
-    // prepare stage (as the one-rank LL ops).
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-      *args.out_num_tokens = kept;
-      *args.out_num_dropped = received - kept;
-      ctx.counters->ht_dispatch_seq = seq;  // read by later kernels only
-    }
-    return;
-  }
-  if (arrive_is_last_block(&ctx.counters->ht_dispatch_done) && threadIdx.x == 0) {
+  // One rank, unprofiled: no last block. No rows come from peers (no chunk
+  // tickets) and no peer can be out of step, so block 0 runs the epilogue
+  // alone, and every block's adds to tokens_per_expert land before the kernel
+  // ends. A fault recorded before the call does not void it: the next
+  // execution fails on it in the prepare stage (as the one-rank LL ops).
+  const bool block0_alone = kSingleRank && ctx.profile == nullptr;
+  if (runs_epilogue(&ctx.counters->ht_dispatch_done, block0_alone)) {
     // After a fault (a wait of this call or an earlier one gave up) the rows
     // are incomplete: counts that cannot be real say so, and the combine
     // sends nothing for them. Every block's adds to tokens_per_expert came
     // before its arrival, so these writes are the last.
-    const bool faulted = fault_recorded(ctx.status);
+    const bool faulted = !block0_alone && fault_recorded(ctx.status);
     *args.out_num_tokens = faulted ? -1 : kept;
     *args.out_num_dropped = faulted ? -1 : received - kept;
     if (faulted) {
       for (int e = 0; e < d.experts_per_rank; ++e) args.out_tokens_per_expert[e] = -1;
     }
     ctx.counters->ht_dispatch_seq = seq;
-    ctx.counters->ht_recv_ticket = 0u;  // every block has taken its last ticket
+    ctx.counters->ht_recv_ticket = 0u;  // every block has taken its last ticket (if any)
     if (ctx.profile != nullptr) {
       ht_trace(ctx, seq, kTraceSendEnd, ctx.profile->role_end[kProfDispatchSend]);
       ht_trace(ctx, seq, kTraceRecvEnd, ctx.profile->role_end[kProfDispatchRecv]);
@@ -1193,13 +1185,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (kSources == 1 && ctx.profile == nullptr) {
-    // One rank, unprofiled: only the sequence number to advance, read by later
-    // kernels: block 0, no last block (no system fences after the stores).
-    if (blockIdx.x == 0 && threadIdx.x == 0) ctx.counters->ht_combine_seq = seq;
-    return;
-  }
-  if (arrive_is_last_block(&ctx.counters->ht_combine_recv_done) && threadIdx.x == 0) {
+  // One rank, unprofiled: only the sequence number to advance, read by later
+  // kernels: block 0 alone, no last block (no system fences after the stores).
+  if (runs_epilogue(&ctx.counters->ht_combine_recv_done,
+                    kSources == 1 && ctx.profile == nullptr)) {
     ctx.counters->ht_combine_seq = seq;
     ht_profile_role_end(ctx, kProfCombineRecv);
     ht_profile_close(ctx, kProfCombineRecv);

@@ -107,6 +107,23 @@ __device__ __forceinline__ bool finish_call(const LlContext& ctx, uint32_t seq,
   return true;
 }
 
+// The one-call ops at one rank: finish_call's fused bookkeeping without the
+// last block (it reads nothing other blocks wrote): thread 0 of block 0
+// records a protocol fault when a split send of the op's kind awaited its
+// receive at the kernel's start (`split_send_outstanding`, read then; no block
+// of a one-call kernel writes it) and stores the call's sequence number.
+// Profile slot `slot` ends at block 0's end. Every thread calls it.
+__device__ __forceinline__ void finish_single_rank_call(const LlContext& ctx, uint32_t seq,
+                                                        bool split_send_outstanding,
+                                                        uint32_t* seq_counter, uint32_t op,
+                                                        int slot) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (split_send_outstanding) record_fault(ctx.status, kStatusProtocol, op, ctx.dims.rank, 0);
+    *seq_counter = seq;  // read by later kernels only
+  }
+  profile_end_block0(ctx, slot);  // with no last block, the slot times block 0 alone
+}
+
 // The rank mask as of the kernel's start, into shared memory (the caller
 // synchronises). Waits with mask_on_timeout still check the live mask (ll_wait).
 __device__ __forceinline__ void load_rank_mask(const LlContext& ctx, int* s_masked) {

@@ -767,16 +767,12 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
     // stored at the end (no load after its last store; no measurable change in
     // the kernel's time, 2026-12-01, docs/benchmarks.md).
     const uint32_t seq = blockIdx.x == 0 && threadIdx.x == 0
-                             ? ld_volatile_u32(&counters->ll_dispatch_seq)
+                             ? call_seq<kSend>(&counters->ll_dispatch_seq, args.ticket_in)
                              : 0u;
     load_rank_mask(ctx, s_masked);  // published by the first barrier below
     profile_start(ctx, 0);
     dispatch_single_rank<kFp8>(ctx, args, s_masked, smem, void_call);
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-      if (void_call) record_fault(ctx.status, kStatusProtocol, kOpLlDispatch, ctx.dims.rank, 0);
-      counters->ll_dispatch_seq = seq + 1u;  // read by later kernels only
-    }
-    profile_end_block0(ctx, 0);  // with no last block, slot 0 times block 0 alone
+    finish_single_rank_call(ctx, seq, void_call, &counters->ll_dispatch_seq, kOpLlDispatch, 0);
     return;
   }
   const uint32_t seq = call_seq<kSend>(&counters->ll_dispatch_seq, args.ticket_in);
@@ -1104,13 +1100,8 @@ __global__ void __launch_bounds__(kThreads, 1) ll_combine(LlContext ctx, LlCombi
     combine_recv_part<kDirectSelf>(ctx, seq, args, s_masked, first_expert, first_weight);
   }
   if (single_rank) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-      if (split_send_outstanding) {
-        record_fault(ctx.status, kStatusProtocol, kOpLlCombine, ctx.dims.rank, 0);
-      }
-      counters->ll_combine_seq = seq;  // read by later kernels only
-    }
-    profile_end_block0(ctx, 3);  // with no last block, slot 3 times block 0 alone
+    finish_single_rank_call(ctx, seq, split_send_outstanding, &counters->ll_combine_seq,
+                            kOpLlCombine, 3);
     return;
   }
   finish_call<kParts>(ctx, seq, &counters->ll_combine_send_done, &counters->ll_combine_recv_done,

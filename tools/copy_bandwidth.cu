@@ -19,7 +19,7 @@
 //                load rows into stages (mbarrier completion) and bulk-store
 //                them out, S - 1 loads ahead.
 // Not part of the library; results in docs/benchmarks.md.
-//   nvcc -O3 -std=c++17 -arch=sm_90 -o copy_bandwidth tools/copy_bandwidth.cu
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o copy_bandwidth tools/copy_bandwidth.cu
 //   ./copy_bandwidth
 #include <cuda_runtime.h>
 
@@ -31,21 +31,15 @@
 #include <random>
 #include <vector>
 
+#include "cuda/device_common.cuh"
+
 constexpr int kRows = 4096;
 constexpr int kRowBytes = 14336;
 constexpr int kVecPerRow = kRowBytes / 16;
 
-__device__ __forceinline__ int4 ld_nc(const int4* p) {
-  int4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-__device__ __forceinline__ void st_na(int4* p, const int4& v) {
-  asm volatile("st.global.L1::no_allocate.v4.s32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x),
-               "r"(v.y), "r"(v.z), "r"(v.w));
-}
+// The kernels' own 16-byte loads and stores (cuda/device_common.cuh).
+using jax_ep::cuda::ld_v4_no_alloc;
+using jax_ep::cuda::st_na_v4;
 
 template <int U, int T>
 __global__ void __launch_bounds__(T, 1) rows_copy(const int4* src, int4* dst, const int* perm) {
@@ -60,12 +54,12 @@ __global__ void __launch_bounds__(T, 1) rows_copy(const int4* src, int4* dst, co
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int v = base + u * 32 + lane;
-        if (v < kVecPerRow) b[u] = ld_nc(s + v);
+        if (v < kVecPerRow) b[u] = ld_v4_no_alloc(s + v, false);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int v = base + u * 32 + lane;
-        if (v < kVecPerRow) st_na(d + v, b[u]);
+        if (v < kVecPerRow) st_na_v4(d + v, b[u]);
       }
     }
   }
@@ -98,7 +92,7 @@ __global__ void __launch_bounds__(T, 1) stream_copy(const int4* src, int4* dst, 
     const int n = limit_of(i);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (u * 32 + lane < n) r[u] = ld_nc(s + u * 32 + lane);
+      if (u * 32 + lane < n) r[u] = ld_v4_no_alloc(s + u * 32 + lane, false);
     }
   };
   auto store = [&](const int4(&r)[U], int i) {
@@ -106,7 +100,7 @@ __global__ void __launch_bounds__(T, 1) stream_copy(const int4* src, int4* dst, 
     const int n = limit_of(i);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (u * 32 + lane < n) st_na(d + u * 32 + lane, r[u]);
+      if (u * 32 + lane < n) st_na_v4(d + u * 32 + lane, r[u]);
     }
   };
   if (num_batches > 0) load(a, 0);
@@ -127,11 +121,11 @@ __global__ void __launch_bounds__(T, 1) flat_copy(const int4* src, int4* dst, co
     int4 b[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (i0 + u * stride < total) b[u] = ld_nc(src + i0 + u * stride);
+      if (i0 + u * stride < total) b[u] = ld_v4_no_alloc(src + i0 + u * stride, false);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (i0 + u * stride < total) st_na(dst + i0 + u * stride, b[u]);
+      if (i0 + u * stride < total) st_na_v4(dst + i0 + u * stride, b[u]);
     }
   }
 }

@@ -264,33 +264,28 @@ def test_finalize_drops_a_failed_runtime_token(monkeypatch):
   assert FailedTokens.cleared
 
 
-def test_a_recorded_fault_fails_the_next_trace_with_ep_error(monkeypatch):
-  """After a kernel recorded a timeout, tracing any jax_ep op raises jax_ep.EpError
-  naming the op and the peer (executables compiled before fail inside XLA)."""
+@pytest.mark.parametrize("fault, message, absent", [
+    # a kernel recorded a timeout: the op and the peer are named
+    (dict(kind="timeout", op="dispatch (count exchange)", peer=1),
+     r"dispatch \(count exchange\)\) timed out waiting for EP rank 1", None),
+    # a one-call LL op while a split send of its kind awaited its receive: a
+    # misuse of the split API, not a peer's timeout
+    (dict(kind="protocol", op="low_latency_dispatch", peer=0),
+     r"low_latency_dispatch\) ran while a split send of its kind awaited its receive",
+     "timed out"),
+])
+def test_a_recorded_fault_fails_the_next_trace_with_ep_error(monkeypatch, fault, message, absent):
+  """After a kernel recorded a fault, tracing any jax_ep op raises jax_ep.EpError
+  saying what happened (executables compiled before fail inside XLA)."""
   from jax_ep import runtime  # pylint: disable=import-outside-toplevel
   config, mesh = setup(2, **CONFIG)
   idx = np.zeros((2 * 4, 2), np.int32)
   monkeypatch.setattr(runtime, "status", lambda: {
-      "ok": False, "backend": "cuda", "kind": "timeout", "op": "dispatch (count exchange)",
-      "peer": 1, "detail": 0, "fault_count": 1})
-  with pytest.raises(jax_ep.EpError, match=r"dispatch \(count exchange\)\) timed out waiting "
-                                           r"for EP rank 1"):
+      "ok": False, "backend": "cuda", "detail": 0, "fault_count": 1, **fault})
+  with pytest.raises(jax_ep.EpError, match=message) as raised:
     run_per_shard(lambda i: jax_ep.get_dispatch_layout(i, config=config)[0], mesh, idx)
-
-
-def test_a_protocol_fault_is_not_reported_as_a_timeout(monkeypatch):
-  """A one-call LL op while a split send of its kind awaits its receive is a
-  misuse of the split API, not a peer's timeout: the error says what happened."""
-  from jax_ep import runtime  # pylint: disable=import-outside-toplevel
-  config, mesh = setup(2, **CONFIG)
-  idx = np.zeros((2 * 4, 2), np.int32)
-  monkeypatch.setattr(runtime, "status", lambda: {
-      "ok": False, "backend": "cuda", "kind": "protocol", "op": "low_latency_dispatch",
-      "peer": 0, "detail": 0, "fault_count": 1})
-  with pytest.raises(jax_ep.EpError, match=r"low_latency_dispatch\) ran while a split send of "
-                                           r"its kind awaited its receive") as raised:
-    run_per_shard(lambda i: jax_ep.get_dispatch_layout(i, config=config)[0], mesh, idx)
-  assert "timed out" not in str(raised.value)
+  if absent is not None:
+    assert absent not in str(raised.value)
 
 
 @pytest.mark.parametrize("code, kind", [(1, "timeout"), (2, "protocol")])
