@@ -62,33 +62,38 @@ def _cuda_module_or_error() -> tuple[types.ModuleType | None, str]:
   return module, "built"
 
 
-# Whether the CUDA targets carry the prepare-stage fault check (see
+# Whether the status check carries its prepare stage (see
 # _register_cuda_targets); read by jax_ep.status().
 _prepare_check = {"enabled": False, "why": "not registered"}
 
+# The FFI target every jax_ep CUDA call takes its last operand from
+# (backends/cuda.py; xla_ffi/cuda/handler_common.h StatusToken).
+STATUS_CHECK_TARGET = "jax_ep_status_check"
+
 
 def _register_cuda_targets(module: types.ModuleType) -> None:
-  """Registers the CUDA handlers, each with a prepare-stage check that XLA runs
-  on the host before every execution, also inside command buffers, so that a
-  fault recorded by a kernel fails the next execution (docs/reliability.md).
-  JAX_EP_PREPARE_STATUS_CHECK=0 leaves the check out; registration falls back
-  to the plain handlers where this jaxlib refuses handler bundles."""
-  want_check = os.environ.get("JAX_EP_PREPARE_STATUS_CHECK", "1") != "0"
-  prepare = module.prepare_status_check() if want_check else None
+  """Registers the CUDA handlers, and the status check with a prepare stage
+  that XLA runs on the host before every execution, also inside command
+  buffers, so that a fault recorded by a kernel fails the next execution
+  (docs/reliability.md). XLA merges a computation's checks into one, so the
+  check costs once per computation, not once per call.
+  JAX_EP_PREPARE_STATUS_CHECK=0 leaves the prepare stage out; registration
+  falls back to the plain check where this jaxlib refuses handler bundles."""
   for name, capsule in module.handlers().items():
-    if prepare is not None:
-      try:
-        jax.ffi.register_ffi_target(name, {"prepare": prepare, "execute": capsule},
-                                    platform="CUDA")
-        continue
-      except Exception as e:  # pylint: disable=broad-except
-        _prepare_check["why"] = f"jaxlib refused a handler bundle: {e}"
-        prepare = None
     jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
-  if want_check and prepare is not None:
-    _prepare_check.update(enabled=True, why="registered")
-  elif not want_check:
+  check = module.status_check()
+  if os.environ.get("JAX_EP_PREPARE_STATUS_CHECK", "1") == "0":
     _prepare_check["why"] = "off (JAX_EP_PREPARE_STATUS_CHECK=0)"
+  else:
+    try:
+      jax.ffi.register_ffi_target(STATUS_CHECK_TARGET,
+                                  {"prepare": module.prepare_status_check(), "execute": check},
+                                  platform="CUDA")
+      _prepare_check.update(enabled=True, why="registered")
+      return
+    except Exception as e:  # pylint: disable=broad-except
+      _prepare_check["why"] = f"jaxlib refused a handler bundle: {e}"
+  jax.ffi.register_ffi_target(STATUS_CHECK_TARGET, check, platform="CUDA")
 
 
 def prepare_status_check() -> dict:

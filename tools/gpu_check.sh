@@ -127,7 +127,7 @@ fi
 if [[ "$WHAT" == all || "$WHAT" == tests || "$WHAT" == faults ]]; then
   # Fault injection: each test leaves its EP group out of step, so one
   # launcher run per test (tests/gpu_faults/conftest.py).
-  for fault in ll ht masked_rank_is_skipped mask_on_timeout; do
+  for fault in ll ht protocol_fault masked_rank_is_skipped mask_on_timeout; do
     run_tests "faults_$fault" "$fault" tests/gpu_faults XLA_FLAGS="${XLA_FLAGS:-}"
     grep -E "^\[rank 0\] (time to error|next call refused|finalize after|first call|then )" \
         "$OUT/tests_faults_$fault.log" | sed 's/^\[rank 0\] /  /' | tee -a "$SUMMARY"

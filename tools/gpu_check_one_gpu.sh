@@ -64,7 +64,8 @@ one_gpu_rdma() {
 
 one_gpu_faults() {
   local fault
-  for fault in ll_dispatch_skipped ht_dispatch_skipped masked_rank_is_skipped mask_on_timeout; do
+  for fault in ll_dispatch_skipped ht_dispatch_skipped protocol_fault masked_rank_is_skipped \
+      mask_on_timeout; do
     one_gpu_run "faults_$fault" 2 tests/gpu_faults "$fault" "" XLA_FLAGS="${XLA_FLAGS:-}"
     grep -E "^\[rank 0\] (time to error|next call refused|finalize after|first call|then )" \
         "$OUT/faults_$fault.log" | sed 's/^\[rank 0\] /    /' | tee -a "$SUMMARY"

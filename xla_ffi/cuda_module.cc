@@ -60,6 +60,9 @@ NB_MODULE(_jax_ep_cuda, m) {
   m.def("prepare_status_check", []() {
     return nb::capsule(reinterpret_cast<void*>(jax_ep::ffi_cuda::PrepareStatusCheckHandler()));
   });
+  m.def("status_check", []() {
+    return nb::capsule(reinterpret_cast<void*>(jax_ep::ffi_cuda::StatusCheckHandler()));
+  });
   m.attr("ffi_api_version") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
   m.attr("built_with_jaxlib") = JAX_EP_BUILT_WITH_JAXLIB;
   m.def("nvshmem_loaded_version", []() { return Version(Runtime::LoadedVersion()); });

@@ -22,6 +22,7 @@ import numpy as np
 from absl import logging
 
 from jax_ep import fp8 as fp8_lib
+from jax_ep._extension import STATUS_CHECK_TARGET
 from jax_ep._vma import match_vma, result_type
 from jax_ep.backends.xla import XlaBackend
 from jax_ep.config import EpConfig
@@ -50,8 +51,19 @@ def config_attr(config: EpConfig, num_ranks: int) -> dict:
               ll_max_tokens=np.int64(config.ll_max_tokens), num_topk=np.int64(config.num_topk))
 
 
+def _status_token() -> jax.Array:
+  """The status check's result, s32[]: every jax_ep call's last operand.
+
+  One side-effect-free custom call on one constant, the same everywhere, so
+  XLA's CSE keeps one per computation; its prepare stage fails an execution
+  that follows a recorded fault, inside command buffers too
+  (xla_ffi/cuda/handler_common.h). On every call instead, it would cost each
+  call host time before the executable's launch."""
+  return jax.ffi.ffi_call(STATUS_CHECK_TARGET, jax.ShapeDtypeStruct((), I32))(jnp.zeros((), I32))
+
+
 def _call(target: str, results, *args, **attrs):
-  args = match_vma(*args)
+  args = match_vma(*args, _status_token())
   return jax.ffi.ffi_call(target, results, has_side_effect=True)(*args, **attrs)
 
 

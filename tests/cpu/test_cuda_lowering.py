@@ -28,8 +28,37 @@ def _lower_for_cuda(fn, *shapes, config=CONFIG):
     return mapped.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
+STATUS_CHECK = "@jax_ep_status_check("
+
+
 def _custom_calls(text: str) -> list[str]:
-  return [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+  """The kernel calls of lowered ``text``, each with its last operand, the status
+  token, left out of its operand list and type signature (asserted to be the
+  s32[] result of a jax_ep_status_check call on a constant 0), so that the
+  assertions read the op's own operands."""
+  lines = [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+  checks = {}
+  for line in lines:
+    if STATUS_CHECK in line:
+      name, operand = re.match(r"\s*(%[\w#]+) = stablehlo\.custom_call @jax_ep_status_check"
+                               r"\((%[\w#]+)\)", line).groups()
+      assert re.search(rf"{re.escape(operand)} = stablehlo\.constant dense<0> : tensor<i32>",
+                       text), line
+      assert "has_side_effect" not in line and line.endswith(": (tensor<i32>) -> tensor<i32>")
+      checks[name] = line
+  calls = []
+  for line in lines:
+    if STATUS_CHECK in line:
+      continue
+    match = re.search(r"(stablehlo\.custom_call @\w+\([^)]*?)(?:, )?(%[\w#]+)\)", line)
+    assert match and match.group(2) in checks, f"no status token last: {line}"
+    line = line.replace(match.group(0), match.group(1) + ")", 1)
+    head, sep, signature = line.rpartition(" : (")
+    operands, arrow, results = signature.partition(") -> ")
+    assert operands.endswith("tensor<i32>"), line
+    operands = operands[:-len("tensor<i32>")].rstrip(", ")
+    calls.append(head + sep + operands + arrow + results)
+  return calls
 
 
 def _targets(calls: list[str]) -> list[str]:

@@ -92,3 +92,39 @@ def test_ht_dispatch_skipped_by_a_peer():
     assert int(num_tokens) == -1, num_tokens
 
   _skip_one_call(_executable(op, mesh, x, idx, w), "dispatch", marked)
+
+
+def test_protocol_fault_fails_the_next_execution():
+  """A one-call LL dispatch while a split send awaits its receive (a misuse of
+  the split API, made alike on every rank): that call's counts are void (-1),
+  the fault is a protocol fault, and the next execution of the one-call op is
+  refused before it launches, also when it would replay a command buffer (the
+  status check's prepare stage)."""
+  e, k, t, h = 16, 4, 16, 256
+  config, mesh = setup(num_experts=e, hidden=h, max_tokens_per_rank=t, num_topk=k,
+                       timeout_s=TIMEOUT_S, enable_high_throughput=False)
+  rng = np.random.default_rng(1400 + rank())
+  x, idx = rows(rng, (t, h)), routing(rng, t, k, e, none_fraction=0.0)
+  one_call = _executable(lambda x, i: jax_ep.low_latency_dispatch(x, i, config=config).count,
+                         mesh, x, idx)
+  send_only = _executable(
+      lambda x, i: tuple(jax.tree.leaves(jax_ep.low_latency_dispatch_send(x, i, config=config))),
+      mesh, x, idx)
+  assert jax_ep.status()["ok"] and jax_ep.status()["fails_next_execution"]
+  for _ in range(2):  # compile, warm up, capture the graph
+    count = np.asarray(one_call().addressable_shards[0].data)[0]
+    assert np.all(count >= 0), count
+  _barrier("warm")
+  send_only()  # its receive never runs
+  count = np.asarray(one_call().addressable_shards[0].data)[0]
+  status = jax_ep.status()
+  print(f"then status: {status}")
+  assert np.all(count == -1), count
+  assert not status["ok"] and status["kind"] == "protocol", status
+  assert status["op"] == "low_latency_dispatch" and status["peer"] == rank(), status
+  start = time.perf_counter()
+  with pytest.raises(Exception, match="ran while a split send of its kind awaited its receive"):
+    one_call()
+  print(f"next call refused after {time.perf_counter() - start:.3f} s")
+  _barrier("after")
+  jax_ep.finalize()

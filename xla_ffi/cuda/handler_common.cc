@@ -108,9 +108,23 @@ XLA_FFI_DEFINE_HANDLER(kPrepareStatusCheck, PrepareStatusCheck,
                            .RemainingRets()
                            .Attrs());
 
+ffi::Error StatusCheck(cudaStream_t stream, ffi::AnyBuffer /*zero*/,
+                       ffi::Result<StatusToken> token) {
+  return LaunchError("status check",
+                     cudaMemsetAsync(token->typed_data(), 0, sizeof(int32_t), stream));
+}
+
+XLA_FFI_DEFINE_HANDLER(kStatusCheck, StatusCheck,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<StatusToken>(),
+                       {ffi::Traits::kCmdBufferCompatible});
+
 }  // namespace
 
 XLA_FFI_Handler* PrepareStatusCheckHandler() { return kPrepareStatusCheck; }
+XLA_FFI_Handler* StatusCheckHandler() { return kStatusCheck; }
 
 ffi::Error LaunchError(const char* op, cudaError_t err) {
   if (err == cudaSuccess) return ffi::Error::Success();

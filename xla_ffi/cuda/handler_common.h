@@ -46,11 +46,27 @@ ffi::Error LaunchError(const char* op, cudaError_t err);
 // word), or success.
 ffi::Error PendingFault(const char* op, const cuda::Runtime& runtime);
 
-// Prepare-stage handler shared by every jax_ep target: XLA runs it on the host
-// before each execution, also when the op sits inside a command buffer (whose
-// replays do not call the execute stage), so a recorded fault fails the next
-// execution before anything is launched. Binds nothing it does not need.
+// The status check, once per computation instead of once per call.
+//
+// Every jax_ep target takes one more operand, last: a StatusToken, the result
+// of a jax_ep_status_check custom call (jax_ep/backends/cuda.py). The checks
+// are identical and side-effect free (one s32[] constant operand), so XLA's
+// CSE merges them into one per computation, and XLA keeps it because jax_ep's
+// calls read its result. Its prepare stage (PrepareStatusCheckHandler) is what
+// makes a recorded fault fail the next execution before anything is launched:
+// XLA runs every thunk's prepare stage on the host before each execution, also
+// inside command buffers (whose replays call no execute stage). On the other
+// targets it would run once per call: about 0.5-1 us of host time each before
+// the executable's launch (2026-12-01, docs/benchmarks.md).
+using StatusToken = ffi::Buffer<ffi::S32, 0>;
+
+// The check's prepare stage: the error of a pending fault, else success.
+// Binds nothing it does not need.
 XLA_FFI_Handler* PrepareStatusCheckHandler();
+
+// The check's execute stage: writes 0 to the token (one 4-byte memset on the
+// stream: a CUDA graph gets a node, not an empty capture), once per execution.
+XLA_FFI_Handler* StatusCheckHandler();
 
 std::string ShapeText(ffi::Span<const int64_t> dims);
 

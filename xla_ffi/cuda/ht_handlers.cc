@@ -42,7 +42,8 @@ ffi::Error HtDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config
                           ffi::Result<S32Matrix> out_idx, ffi::Result<F32Matrix> out_w,
                           ffi::Result<S32Scalar> num_tokens, ffi::Result<S32Vector> tokens_per_expert,
                           ffi::Result<S32Scalar> num_dropped, ffi::Result<S32Scalar> num_invalid,
-                          ffi::Result<S32Vector> recv_src, ffi::Result<S32Matrix> send_row) {
+                          ffi::Result<S32Vector> recv_src, ffi::Result<S32Matrix> send_row,
+                          StatusToken /*status_token*/) {
   auto runtime_or = RuntimeFor(kDispatch, config, device, false, /*need_high_throughput=*/true);
   if (runtime_or.has_error()) return runtime_or.error();
   const cuda::Runtime& runtime = **runtime_or;
@@ -122,7 +123,8 @@ ffi::ErrorOr<cuda::HtRowType> CombineRowType(ffi::DataType type) {
 ffi::Error HtCombineImpl(cudaStream_t stream, int32_t device, CallConfig config,
                          int64_t capacity, ffi::AnyBuffer y, S32Vector recv_src,
                          S32Matrix send_row, S32Scalar num_tokens,
-                         ffi::Result<ffi::AnyBuffer> out) {
+                         ffi::Result<ffi::AnyBuffer> out,
+                         StatusToken /*status_token*/) {
   auto runtime_or = RuntimeFor(kCombine, config, device, false, /*need_high_throughput=*/true);
   if (runtime_or.has_error()) return runtime_or.error();
   const cuda::Runtime& runtime = **runtime_or;
@@ -173,7 +175,8 @@ XLA_FFI_DEFINE_HANDLER(kHtDispatch, HtDispatchImpl,
                            .Ret<S32Scalar>()
                            .Ret<S32Scalar>()
                            .Ret<S32Vector>()
-                           .Ret<S32Matrix>(),
+                           .Ret<S32Matrix>()
+                           .Arg<StatusToken>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER(kHtCombine, HtCombineImpl,
@@ -181,7 +184,8 @@ XLA_FFI_DEFINE_HANDLER(kHtCombine, HtCombineImpl,
                            .Arg<S32Vector>()
                            .Arg<S32Matrix>()
                            .Arg<S32Scalar>()
-                           .Ret<ffi::AnyBuffer>(),
+                           .Ret<ffi::AnyBuffer>()
+                           .Arg<StatusToken>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
 void AppendHtHandlers(std::vector<HandlerEntry>* entries) {

@@ -206,7 +206,8 @@ ffi::Error LlDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config
                           ffi::AnyBuffer x, S32Matrix topk_idx, F32Matrix topk_weights,
                           ffi::Result<ffi::AnyBuffer> out_x, ffi::Result<F32Rank3> out_scales,
                           ffi::Result<S32Vector> out_count, ffi::Result<S32Matrix> out_recv_src,
-                          ffi::Result<F32Matrix> out_weights, ffi::Result<S32Scalar> num_invalid) {
+                          ffi::Result<F32Matrix> out_weights, ffi::Result<S32Scalar> num_invalid,
+                          StatusToken /*status_token*/) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
   JAX_EP_RETURN_IF_ERROR(CheckDispatchInputs(runtime, use_fp8, x, topk_idx));
   const int64_t num_tokens = x.dimensions()[0];
@@ -234,7 +235,8 @@ ffi::Error LlDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config
 ffi::Error LlCombineImpl(cudaStream_t stream, int32_t device, CallConfig config, ffi::AnyBuffer y,
                          F32Matrix row_values, F32Matrix row_weights, S32Matrix recv_src,
                          S32Vector count, S32Matrix topk_idx, F32Matrix topk_weights,
-                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<F32Matrix> pair_values) {
+                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<F32Matrix> pair_values,
+                         StatusToken /*status_token*/) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
   const cuda::EpDims& d = runtime.dims();
   const int64_t num_tokens = topk_idx.dimensions()[0];
@@ -284,7 +286,8 @@ ffi::Error LlCombineImpl(cudaStream_t stream, int32_t device, CallConfig config,
 ffi::Error LlDispatchSendImpl(cudaStream_t stream, int32_t device, CallConfig config,
                               bool use_fp8, ffi::AnyBuffer x, S32Matrix topk_idx,
                               F32Matrix topk_weights, ffi::Result<S32Scalar> num_invalid,
-                              ffi::Result<S32Scalar> ticket) {
+                              ffi::Result<S32Scalar> ticket,
+                              StatusToken /*status_token*/) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
   JAX_EP_RETURN_IF_ERROR(CheckDispatchInputs(runtime, use_fp8, x, topk_idx));
   JAX_EP_RETURN_IF_ERROR(CheckDispatchWeights(runtime, x.dimensions()[0], topk_weights));
@@ -305,7 +308,8 @@ ffi::Error LlDispatchRecvImpl(cudaStream_t stream, int32_t device, CallConfig co
                               ffi::Result<ffi::AnyBuffer> out_x, ffi::Result<F32Rank3> out_scales,
                               ffi::Result<S32Vector> out_count,
                               ffi::Result<S32Matrix> out_recv_src,
-                              ffi::Result<F32Matrix> out_weights) {
+                              ffi::Result<F32Matrix> out_weights,
+                              StatusToken /*status_token*/) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
   JAX_EP_RETURN_IF_ERROR(CheckDispatchOutputs(runtime, use_fp8, num_tokens, out_x, out_scales,
                                               out_count, out_recv_src));
@@ -327,7 +331,8 @@ ffi::Error LlDispatchRecvImpl(cudaStream_t stream, int32_t device, CallConfig co
 ffi::Error LlCombineSendImpl(cudaStream_t stream, int32_t device, CallConfig config,
                              int64_t num_tokens, ffi::AnyBuffer y, F32Matrix row_weights,
                              S32Matrix recv_src, S32Vector count,
-                             ffi::Result<S32Scalar> ticket) {
+                             ffi::Result<S32Scalar> ticket,
+                             StatusToken /*status_token*/) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
   JAX_EP_RETURN_IF_ERROR(CheckHandle(runtime, num_tokens, recv_src, count));
   auto presummed = CheckRowWeights(runtime, row_weights);
@@ -350,7 +355,8 @@ ffi::Error LlCombineSendImpl(cudaStream_t stream, int32_t device, CallConfig con
 
 ffi::Error LlCombineRecvImpl(cudaStream_t stream, int32_t device, CallConfig config,
                              S32Scalar ticket, S32Matrix topk_idx, F32Matrix topk_weights,
-                             ffi::Result<ffi::AnyBuffer> out) {
+                             ffi::Result<ffi::AnyBuffer> out,
+                             StatusToken /*status_token*/) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
   // No weights here: the send applied the dispatch's (pre-summed combine).
   const bool presummed = topk_weights.dimensions()[1] == 0;
@@ -388,7 +394,8 @@ XLA_FFI_DEFINE_HANDLER(kLlDispatch, LlDispatchImpl,
                            .Ret<S32Vector>()
                            .Ret<S32Matrix>()
                            .Ret<F32Matrix>()
-                           .Ret<S32Scalar>(),
+                           .Ret<S32Scalar>()
+                           .Arg<StatusToken>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER(kLlCombine, LlCombineImpl,
@@ -400,7 +407,8 @@ XLA_FFI_DEFINE_HANDLER(kLlCombine, LlCombineImpl,
                            .Arg<S32Matrix>()
                            .Arg<F32Matrix>()
                            .Ret<ffi::AnyBuffer>()
-                           .Ret<F32Matrix>(),
+                           .Ret<F32Matrix>()
+                           .Arg<StatusToken>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER(kLlDispatchSend, LlDispatchSendImpl,
@@ -409,7 +417,8 @@ XLA_FFI_DEFINE_HANDLER(kLlDispatchSend, LlDispatchSendImpl,
                            .Arg<S32Matrix>()
                            .Arg<F32Matrix>()
                            .Ret<S32Scalar>()
-                           .Ret<S32Scalar>(),
+                           .Ret<S32Scalar>()
+                           .Arg<StatusToken>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER(kLlDispatchRecv, LlDispatchRecvImpl,
@@ -420,7 +429,8 @@ XLA_FFI_DEFINE_HANDLER(kLlDispatchRecv, LlDispatchRecvImpl,
                            .Ret<F32Rank3>()
                            .Ret<S32Vector>()
                            .Ret<S32Matrix>()
-                           .Ret<F32Matrix>(),
+                           .Ret<F32Matrix>()
+                           .Arg<StatusToken>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER(kLlCombineSend, LlCombineSendImpl,
@@ -429,14 +439,16 @@ XLA_FFI_DEFINE_HANDLER(kLlCombineSend, LlCombineSendImpl,
                            .Arg<F32Matrix>()
                            .Arg<S32Matrix>()
                            .Arg<S32Vector>()
-                           .Ret<S32Scalar>(),
+                           .Ret<S32Scalar>()
+                           .Arg<StatusToken>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER(kLlCombineRecv, LlCombineRecvImpl,
                        JAX_EP_LL_BIND.Arg<S32Scalar>()
                            .Arg<S32Matrix>()
                            .Arg<F32Matrix>()
-                           .Ret<ffi::AnyBuffer>(),
+                           .Ret<ffi::AnyBuffer>()
+                           .Arg<StatusToken>(),
                        {ffi::Traits::kCmdBufferCompatible});
 
 void AppendLlHandlers(std::vector<HandlerEntry>* entries) {
