@@ -523,29 +523,10 @@ __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
   auto token_row = [&](int t) {
     return reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * d.hidden);
   };
-  // The first row's loads go out before the routing pass, when its token has
-  // an expert in range (route_tokens may still drop it: a load for nothing).
-  // A token with none moves no row, and in a call that moves no rows those
-  // loads were its longest wait (2026-12-01, docs/benchmarks.md).
-  bool first_may_move = false;
-  if (first_token < num_tokens) {
-    for (int k = 0; k < num_topk; ++k) {
-      const int e = topk_idx[static_cast<size_t>(first_token) * num_topk + k];
-      first_may_move |= e >= 0 && e < d.num_experts;
-    }
-  }
-  RoundPieces<kFp8> pieces;
-  if (first_may_move) pieces = load_pieces<kFp8>(token_row(first_token), 0, d.hidden);
+  RoundPieces<kFp8> pieces;  // the first row's loads go out before the routing pass
+  if (first_token < num_tokens) pieces = load_pieces<kFp8>(token_row(first_token), 0, d.hidden);
   route_tokens(d, args, masked, routing, rows_per_expert_of, rows_before, first_token,
                &s_invalid);
-  // Whether token t has a pair to store (from the routing, which holds still
-  // from here on); a token without one loads no row.
-  auto moves_rows = [&](int t) {
-    const int* token_routing = routing + static_cast<size_t>(t) * num_topk;
-    bool any = false;
-    for (int k = 0; k < num_topk; ++k) any |= token_routing[k] >= 0;
-    return any;
-  };
   for (int e = blockIdx.x; e < d.experts_per_rank; e += gridDim.x) {
     const int count = rows_per_expert_of[e];
     if (threadIdx.x == 0) args.out_count[e] = void_call ? -1 : count;
@@ -560,9 +541,8 @@ __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
   // thread reads a pair's expert and row from them (broadcast reads) and a
   // block with one token has no barrier in this loop.
   for (int t = first_token; t < num_tokens; t += gridDim.x) {
-    const bool moves = moves_rows(t);
     if (t != first_token) {
-      if (moves) pieces = load_pieces<kFp8>(token_row(t), 0, d.hidden);
+      pieces = load_pieces<kFp8>(token_row(t), 0, d.hidden);
       advance_rows_before(routing, rows_before, t, num_topk);
     }
     const int* token_routing = routing + static_cast<size_t>(t) * num_topk;
@@ -578,7 +558,7 @@ __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
       }
     }
     const int4* row = token_row(t);
-    for (int c0 = 0; moves && c0 < d.hidden; c0 += kChannelsPerRound) {
+    for (int c0 = 0; c0 < d.hidden; c0 += kChannelsPerRound) {
       if (c0 > 0) pieces = load_pieces<kFp8>(row, c0, d.hidden);
       for (int k = 0; k < num_topk; ++k) {
         const int e = token_routing[k];
