@@ -502,12 +502,13 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
 // sender writes the results itself: pair (t, e) goes straight to output row
 // rows_before[e] of expert e (the tokens before t choosing e), with its source
 // and weight; no messages, flags or receive part. Block e % grid writes
-// count[e] (-1 when `void_call`) and the rows past it (source -1, weight 0).
+// count[e] (-1 when `*void_call`, shared memory written by thread 0 before the
+// routing pass's first barrier) and the rows past it (source -1, weight 0).
 template <bool kFp8>
 __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
                                                      const LlDispatchArgs& args,
                                                      const int* masked, int* smem,
-                                                     bool void_call) {
+                                                     const uint32_t* void_call) {
   __shared__ int s_invalid;
   const EpDims d = ctx.dims;
   const int num_topk = d.num_topk;
@@ -529,7 +530,7 @@ __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
                &s_invalid);
   for (int e = blockIdx.x; e < d.experts_per_rank; e += gridDim.x) {
     const int count = rows_per_expert_of[e];
-    if (threadIdx.x == 0) args.out_count[e] = void_call ? -1 : count;
+    if (threadIdx.x == 0) args.out_count[e] = *void_call != 0u ? -1 : count;
     for (int row = count + threadIdx.x; row < rows_per_expert; row += blockDim.x) {
       const size_t out_row = static_cast<size_t>(e) * rows_per_expert + row;
       args.out_recv_src[out_row] = -1;
@@ -759,10 +760,14 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
     // no look at earlier faults (the host-mapped status word costs about 0.9
     // us to read; the next execution fails on them anyway, in the prepare
     // stage). A split send awaiting its receive is still a protocol fault:
-    // every block reads the pairing word at its start (nothing in this kernel
-    // writes it) and voids its experts' counts, block 0 records the fault.
+    // thread 0 of every block reads the pairing word at its start (nothing in
+    // this kernel writes it; one load per block, not per thread: the same word
+    // loaded by every thread cost about 0.26 us of a 3.65 us no-rows kernel,
+    // 2026-12-01, docs/benchmarks.md) and the block voids its experts' counts,
+    // block 0 records the fault.
     static_assert(kSend && kRecv, "one rank: the one-call op only");
-    const bool void_call = ld_volatile_u32(&counters->ll_dispatch_outstanding) != 0u;
+    __shared__ uint32_t s_void_call;  // published by the routing pass's first barrier
+    if (threadIdx.x == 0) s_void_call = ld_volatile_u32(&counters->ll_dispatch_outstanding);
     // Block 0's sequence number, loaded now with the block's other loads and
     // stored at the end (no load after its last store; no measurable change in
     // the kernel's time, 2026-12-01, docs/benchmarks.md).
@@ -771,8 +776,9 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
                              : 0u;
     load_rank_mask(ctx, s_masked);  // published by the first barrier below
     profile_start(ctx, 0);
-    dispatch_single_rank<kFp8>(ctx, args, s_masked, smem, void_call);
-    finish_single_rank_call(ctx, seq, void_call, &counters->ll_dispatch_seq, kOpLlDispatch, 0);
+    dispatch_single_rank<kFp8>(ctx, args, s_masked, smem, &s_void_call);
+    finish_single_rank_call(ctx, seq, s_void_call != 0u, &counters->ll_dispatch_seq,
+                            kOpLlDispatch, 0);
     return;
   }
   const uint32_t seq = call_seq<kSend>(&counters->ll_dispatch_seq, args.ticket_in);
