@@ -44,8 +44,9 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_ep  # noqa: E402
 from jax_ep import launch  # noqa: E402
-# HT_KERNELS: tests/cpu/test_example.py reads it from here.
-from _kernels import HT_KERNELS, jax_ep_custom_calls, missing_kernels  # noqa: E402,F401
+# HT_KERNELS and STATUS_CHECK: tests/cpu/test_example.py reads them from here.
+from _kernels import (HT_KERNELS, STATUS_CHECK, jax_ep_custom_calls,  # noqa: E402,F401
+                      missing_kernels)
 
 flags.DEFINE_integer("tokens_per_rank", 64, "tokens on each rank")
 flags.DEFINE_integer("hidden", 128, "model width H")

@@ -132,6 +132,10 @@ if [[ "$WHAT" == all || "$WHAT" == tests || "$WHAT" == faults ]]; then
     grep -E "^\[rank 0\] (time to error|next call refused|finalize after|first call|then )" \
         "$OUT/tests_faults_$fault.log" | sed 's/^\[rank 0\] /  /' | tee -a "$SUMMARY"
   done
+  # The status check's execute stage alone (no prepare stage, no command buffers).
+  run_tests faults_protocol_fault_no_prepare protocol_fault_without_the_prepare_stage \
+      tests/gpu_faults JAX_EP_PREPARE_STATUS_CHECK=0 \
+      XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
 fi
 
 bench() {  # $1 = mode, rest = extra flags; output streams into $OUT/bench.log as it runs

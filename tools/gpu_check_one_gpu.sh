@@ -70,6 +70,10 @@ one_gpu_faults() {
     grep -E "^\[rank 0\] (time to error|next call refused|finalize after|first call|then )" \
         "$OUT/faults_$fault.log" | sed 's/^\[rank 0\] /    /' | tee -a "$SUMMARY"
   done
+  # The status check's execute stage alone (no prepare stage, no command buffers).
+  one_gpu_run "faults_protocol_fault_no_prepare" 2 tests/gpu_faults \
+      protocol_fault_without_the_prepare_stage "" JAX_EP_PREPARE_STATUS_CHECK=0 \
+      XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
   # The killed rank's launcher status is 137 (SIGKILL): what counts is that the
   # survivor's pytest passed and every process exited (the launcher returned).
   local before

@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
-from jax_ep import launch
+from jax_ep import _extension, launch
 from jax_ep.backends import cuda as cuda_backend
 from jax_ep.runtime import lowering_only
 
@@ -91,6 +91,10 @@ def test_moe_layer_step_runs_on_the_ht_kernels_on_cuda(num_ranks):
   assert calls == {"jax_ep_ht_dispatch": 2, "jax_ep_ht_combine": 3}, calls
   assert "all_to_all" not in text
   assert set(moe_layer.HT_KERNELS) <= set(cuda_backend.lowering_check_targets())
+  # What jax_ep_custom_calls leaves out is the check the backend emits (and the
+  # lowered step has it).
+  assert moe_layer.STATUS_CHECK == _extension.STATUS_CHECK_TARGET
+  assert f"@{_extension.STATUS_CHECK_TARGET}(" in text
 
 
 def test_moe_layer_picks_bf16_on_gpus():

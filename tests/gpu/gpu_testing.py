@@ -168,15 +168,26 @@ def _assert_no_collective(per_shard, mesh, args, check_vma: bool) -> None:
                      "they cannot run where processes share a GPU")
 
 
-def _run(fn, mesh, locals_, check_vma: bool):
+def _per_shard(fn):
   def per_shard(*shards):
     return jax.tree.map(lambda o: o[None], fn(*[s[0] for s in shards]))
+  return per_shard
 
+
+def _run(fn, mesh, locals_, check_vma: bool):
+  per_shard = _per_shard(fn)
   args = [global_array(mesh, np.asarray(a)[None]) for a in locals_]
   _assert_no_collective(per_shard, mesh, args, check_vma)
   mapped = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P("ep"), out_specs=P("ep"),
                                  check_vma=check_vma))
   return jax.tree.map(lambda o: _local(o)[0], mapped(*args))
+
+
+def compiled_text(fn, mesh, *local_args) -> str:
+  """The compiled program (HLO text) that run_local(fn, mesh, *local_args) runs."""
+  args = [global_array(mesh, np.asarray(a)[None]) for a in local_args]
+  mapped = jax.jit(jax.shard_map(_per_shard(fn), mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
+  return mapped.lower(*args).compile().as_text()
 
 
 def run(fn, mesh, *global_args, check_vma: bool = True):

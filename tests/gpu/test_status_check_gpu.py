@@ -7,21 +7,16 @@ import collections
 import re
 
 import jax
-import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
 import jax_ep
-from gpu_testing import (ON_CPU, assert_bitwise, global_array, global_routing, num_ranks, rank,
+from gpu_testing import (ON_CPU, assert_bitwise, compiled_text, global_routing, num_ranks, rank,
                          rng, rows, run_local, weights)
 from ll_testing import experts, ll_setup
 
 
 def _compiled_targets(fn, mesh, *local_args) -> collections.Counter:
-  args = [global_array(mesh, np.asarray(a)[None]) for a in local_args]
-  per_shard = lambda *shards: fn(*[s[0] for s in shards])[None]  # noqa: E731
-  mapped = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
-  text = mapped.lower(*args).compile().as_text()
+  text = compiled_text(fn, mesh, *local_args)
   return collections.Counter(re.findall(r'custom_call_target="(jax_ep_\w+)"', text))
 
 

@@ -69,11 +69,13 @@ ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const CallConfig& 
         std::string("jax_ep ") + op + ": high-throughput buffers were not allocated "
         "(EpConfig(enable_high_throughput=False))");
   }
-  ffi::Error fault = PendingFault(op, runtime);
-  if (fault.failure()) return fault;
   return &runtime;
 }
 
+namespace {
+
+// The error of an earlier fault recorded by a kernel (host-mapped status
+// word), or success.
 ffi::Error PendingFault(const char* op, const cuda::Runtime& runtime) {
   const cuda::DeviceStatus status = runtime.status();
   if (status.code == cuda::kStatusOk) return ffi::Error::Success();
@@ -94,12 +96,16 @@ ffi::Error PendingFault(const char* op, const cuda::Runtime& runtime) {
                         "); the EP group is out of step: see jax_ep.status()");
 }
 
-namespace {
+// The pending fault, if any (a runtime not set up is left to the kernel
+// handlers, which say why).
+ffi::Error CheckStatus() {
+  const cuda::Runtime& runtime = cuda::Runtime::Get();
+  if (!runtime.allocated()) return ffi::Error::Success();
+  return PendingFault("call", runtime);
+}
 
 ffi::Error PrepareStatusCheck(ffi::RemainingArgs, ffi::RemainingRets, ffi::Dictionary) {
-  const cuda::Runtime& runtime = cuda::Runtime::Get();
-  if (!runtime.allocated()) return ffi::Error::Success();  // the execute stage says why
-  return PendingFault("call", runtime);
+  return CheckStatus();
 }
 
 XLA_FFI_DEFINE_HANDLER(kPrepareStatusCheck, PrepareStatusCheck,
@@ -110,6 +116,7 @@ XLA_FFI_DEFINE_HANDLER(kPrepareStatusCheck, PrepareStatusCheck,
 
 ffi::Error StatusCheck(cudaStream_t stream, ffi::AnyBuffer /*zero*/,
                        ffi::Result<StatusToken> token) {
+  if (ffi::Error fault = CheckStatus(); fault.failure()) return fault;
   return LaunchError("status check",
                      cudaMemsetAsync(token->typed_data(), 0, sizeof(int32_t), stream));
 }

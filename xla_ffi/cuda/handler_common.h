@@ -34,17 +34,14 @@ struct CallConfig {
 
 std::string DimsText(const cuda::EpDims& d);
 
-// Checks the runtime is up, sized for the traced config, on this device, and
-// that no earlier fault is pending; returns the runtime.
+// Checks the runtime is up, sized for the traced config and on this device;
+// returns the runtime. Pending faults are the status check's (below), which
+// runs before the call in its computation.
 ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const CallConfig& traced,
                                               int32_t device_ordinal, bool need_low_latency,
                                               bool need_high_throughput);
 
 ffi::Error LaunchError(const char* op, cudaError_t err);
-
-// The error of an earlier fault recorded by a kernel (host-mapped status
-// word), or success.
-ffi::Error PendingFault(const char* op, const cuda::Runtime& runtime);
 
 // The status check, once per computation instead of once per call.
 //
@@ -64,8 +61,11 @@ using StatusToken = ffi::Buffer<ffi::S32, 0>;
 // Binds nothing it does not need.
 XLA_FFI_Handler* PrepareStatusCheckHandler();
 
-// The check's execute stage: writes 0 to the token (one 4-byte memset on the
-// stream: a CUDA graph gets a node, not an empty capture), once per execution.
+// The check's execute stage: the same check where XLA calls it (command
+// buffers off, and when a CUDA graph is recorded), which is what still fails
+// the execution where the prepare stage is off or refused; then writes 0 to
+// the token (one 4-byte memset on the stream: a CUDA graph gets a node, not an
+// empty capture), once per execution.
 XLA_FFI_Handler* StatusCheckHandler();
 
 std::string ShapeText(ffi::Span<const int64_t> dims);
