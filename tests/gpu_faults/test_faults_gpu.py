@@ -95,11 +95,9 @@ def test_ht_dispatch_skipped_by_a_peer():
   _skip_one_call(_executable(op, mesh, x, idx, w), "dispatch", marked)
 
 
-def _protocol_fault():
-  """Makes a protocol fault: a one-call LL dispatch while a split send awaits
-  its receive (a misuse of the split API, made alike on every rank). That
-  call's counts are void (-1) and the fault is a protocol fault; returns the
-  one-call executable, whose next execution must be refused."""
+def _protocol_executables():
+  """setup(), and the executables of a one-call LL dispatch and of a split send
+  alone."""
   e, k, t, h = 16, 4, 16, 256
   config, mesh = setup(num_experts=e, hidden=h, max_tokens_per_rank=t, num_topk=k,
                        timeout_s=TIMEOUT_S, enable_high_throughput=False)
@@ -110,6 +108,14 @@ def _protocol_fault():
   send_only = _executable(
       lambda x, i: tuple(jax.tree.leaves(jax_ep.low_latency_dispatch_send(x, i, config=config))),
       mesh, x, idx)
+  return one_call, send_only
+
+
+def _protocol_fault_refused(one_call, send_only) -> None:
+  """Makes a protocol fault: a one-call LL dispatch while a split send awaits
+  its receive (a misuse of the split API, made alike on every rank). That
+  call's counts are void (-1), the fault is a protocol fault, and the next
+  execution of the one-call op is refused before it launches."""
   assert jax_ep.status()["ok"]
   for _ in range(2):  # compile, warm up, capture the graph
     count = np.asarray(one_call().addressable_shards[0].data)[0]
@@ -122,10 +128,6 @@ def _protocol_fault():
   assert np.all(count == -1), count
   assert not status["ok"] and status["kind"] == "protocol", status
   assert status["op"] == "low_latency_dispatch" and status["peer"] == rank(), status
-  return one_call
-
-
-def _refused(one_call) -> None:
   start = time.perf_counter()
   with pytest.raises(Exception, match="ran while a split send of its kind awaited its receive"):
     one_call()
@@ -135,19 +137,21 @@ def _refused(one_call) -> None:
 
 
 def test_protocol_fault_fails_the_next_execution():
-  """A protocol fault (_protocol_fault): the next execution of the one-call op
-  is refused before it launches, also when it would replay a command buffer
-  (the status check's prepare stage)."""
+  """A protocol fault (_protocol_fault_refused), also when the next execution
+  would replay a command buffer (the status check's prepare stage)."""
+  executables = _protocol_executables()
   assert jax_ep.status()["fails_next_execution"]
-  _refused(_protocol_fault())
+  _protocol_fault_refused(*executables)
 
 
 def test_protocol_fault_without_the_prepare_stage():
   """The same with the prepare stage off (JAX_EP_PREPARE_STATUS_CHECK=0) and
   command buffers off (XLA_FLAGS=--xla_gpu_enable_command_buffer=): the status
   check's execute stage refuses the next execution."""
-  if jax_ep.status()["fails_next_execution"] or "--xla_gpu_enable_command_buffer= " not in (
-      os.environ.get("XLA_FLAGS", "") + " "):
+  if os.environ.get("JAX_EP_PREPARE_STATUS_CHECK") != "0" or (
+      "--xla_gpu_enable_command_buffer= " not in os.environ.get("XLA_FLAGS", "") + " "):
     pytest.skip("run with JAX_EP_PREPARE_STATUS_CHECK=0 and "
                 "XLA_FLAGS=--xla_gpu_enable_command_buffer=")
-  _refused(_protocol_fault())
+  executables = _protocol_executables()
+  assert not jax_ep.status()["fails_next_execution"]
+  _protocol_fault_refused(*executables)
