@@ -137,21 +137,14 @@ __device__ __forceinline__ uint32_t issue_rank_mask(const LlContext& ctx) {
              ? ld_volatile_u32(ctx.masked + threadIdx.x)
              : 0u;
 }
-// Returns whether a rank this thread stored is masked (a barrier's
-// __syncthreads_or of it says whether any rank is).
-__device__ __forceinline__ bool publish_rank_mask(const LlContext& ctx, uint32_t first_word,
+__device__ __forceinline__ void publish_rank_mask(const LlContext& ctx, uint32_t first_word,
                                                   int* s_masked) {
-  bool any_masked = false;
   if (static_cast<int>(threadIdx.x) < ctx.dims.num_ranks) {
-    any_masked = first_word != 0u;
-    s_masked[threadIdx.x] = any_masked ? 1 : 0;
+    s_masked[threadIdx.x] = first_word != 0u ? 1 : 0;
   }
   for (int r = threadIdx.x + blockDim.x; r < ctx.dims.num_ranks; r += blockDim.x) {
-    const bool masked = rank_masked(ctx, r);
-    s_masked[r] = masked ? 1 : 0;
-    any_masked |= masked;
+    s_masked[r] = rank_masked(ctx, r) ? 1 : 0;
   }
-  return any_masked;
 }
 
 // Waits for a peer's flag; a peer masked at the kernel's start (s_masked, the

@@ -262,12 +262,7 @@ size_t DispatchSendSmem(int num_tokens, const EpDims& d) {
 //    runs just before the first barrier, once the thread's first entries are
 //    loading: the kernel's start loads (the rank mask among them) are stored
 //    into shared memory there, so that their round trip and the entries'
-//    overlap. It returns whether a rank it stored is masked; with none masked
-//    (the barrier's OR) no entry looks its rank up. An entry's test is then a
-//    few instructions: one warp per scheduler runs this pass, so its cost is
-//    the latency of each thread's chain of instructions (0.55 us per pass at
-//    K = 8 with a division and a shared-memory load per entry, 2026-12-01,
-//    docs/benchmarks.md).
+//    overlap.
 template <typename PublishStart>
 __device__ __forceinline__ void route_tokens(const EpDims& d, const LlDispatchArgs& args,
                                              const int* masked, int* routing,
@@ -301,21 +296,20 @@ __device__ __forceinline__ void route_tokens(const EpDims& d, const LlDispatchAr
   if (static_cast<int>(threadIdx.x) < num_tokens) load_entries(threadIdx.x);
   for (int i = threadIdx.x; i < 2 * d.num_experts; i += blockDim.x) rows_per_expert[i] = 0;
   if (threadIdx.x == 0) *s_invalid = 0;
-  const bool any_masked = __syncthreads_or(publish_start() ? 1 : 0) != 0;
+  publish_start();
+  __syncthreads();
   int invalid = 0;
   for (int t = threadIdx.x; t < num_tokens; t += blockDim.x) {
     if (t != static_cast<int>(threadIdx.x)) load_entries(t);
-    int* token_routing = routing + static_cast<size_t>(t) * num_topk;
 #pragma unroll
     for (int k = 0; k < kMaxTopk; ++k) {
       if (k >= num_topk) break;
       const int e = entries[k];
-      const bool in_range = valid_expert(e, d.num_experts);
-      invalid += (!in_range && e != -1) ? 1 : 0;
-      bool keep = in_range && (!any_masked || masked[e / d.experts_per_rank] == 0);
+      invalid += (e < -1 || e >= d.num_experts) ? 1 : 0;
+      bool keep = valid_expert(e, d.num_experts) && masked[e / d.experts_per_rank] == 0;
 #pragma unroll
       for (int j = 0; j < k; ++j) keep &= entries[j] != e;
-      token_routing[k] = keep ? e : -1;
+      routing[static_cast<size_t>(t) * num_topk + k] = keep ? e : -1;
       if (keep) {
         atomicAdd(rows_per_expert + e, 1);
         if (t < first_token) atomicAdd(rows_before + e, 1);
@@ -575,23 +569,13 @@ __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
         }
       }
     }
-    // The token's output rows (-1: no pair), read into registers at once: a
-    // loop over the shared-memory routing row was one chain of dependent
-    // loads per thread.
-    int pair_row[kMaxTopk];
-#pragma unroll
-    for (int k = 0; k < kMaxTopk; ++k) {
-      const int e = k < num_topk ? token_routing[k] : -1;
-      pair_row[k] = e >= 0 ? e * rows_per_expert + rows_before[e] : -1;
-    }
     const int4* row = token_row(t);
     for (int c0 = 0; c0 < d.hidden; c0 += kChannelsPerRound) {
       if (c0 > 0) pieces = load_pieces<kFp8>(row, c0, d.hidden);
-#pragma unroll
-      for (int k = 0; k < kMaxTopk; ++k) {
-        if (k >= num_topk) break;
-        if (pair_row[k] < 0) continue;
-        const size_t out_row = static_cast<size_t>(pair_row[k]);
+      for (int k = 0; k < num_topk; ++k) {
+        const int e = token_routing[k];
+        if (e < 0) continue;
+        const size_t out_row = static_cast<size_t>(e) * rows_per_expert + rows_before[e];
         if constexpr (kFp8) {
           store_pieces_to<kFp8>(
               reinterpret_cast<int4*>(static_cast<uint8_t*>(args.out_x) + out_row * d.hidden),
@@ -809,7 +793,7 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
     // cost warp 0 a round trip before the next went out.
     auto publish_start = [&] {
       if (threadIdx.x == 0) s_void_call = void_word;
-      return publish_rank_mask(ctx, mask_word, s_masked);
+      publish_rank_mask(ctx, mask_word, s_masked);
     };
     dispatch_single_rank<kFp8>(ctx, args, s_masked, smem, &s_void_call, publish_start);
     finish_single_rank_call(ctx, seq, s_void_call != 0u, &counters->ll_dispatch_seq,
@@ -822,7 +806,7 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
   const bool earlier_fault = kRecv && blockIdx.x == 0 && threadIdx.x == 0 &&
                              fault_recorded(ctx.status);
   const uint32_t mask_word = issue_rank_mask(ctx);
-  auto publish_start = [&] { return publish_rank_mask(ctx, mask_word, s_masked); };
+  auto publish_start = [&] { publish_rank_mask(ctx, mask_word, s_masked); };
   if constexpr (kSend) {
     profile_start(ctx, 0);
     dispatch_send_part<kFp8, kDirectSelf>(ctx, seq, args, s_masked, smem, publish_start);
