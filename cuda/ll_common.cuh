@@ -124,31 +124,16 @@ __device__ __forceinline__ void finish_single_rank_call(const LlContext& ctx, ui
   profile_end_block0(ctx, slot);  // with no last block, the slot times block 0 alone
 }
 
-// The rank mask as of the kernel's start, in two steps, so that its loads go
-// out with the kernel's other start loads: issue_rank_mask loads the word of
-// rank threadIdx.x into a register at the kernel's start, and
-// publish_rank_mask stores it into shared memory just before the block's first
-// barrier (the caller's), loading the words of ranks past the block's threads
-// there. A load whose result is stored at once stalls its warp for a memory
-// round trip before the warp's next loads go out: loaded and stored in one
-// step, the mask's round trip came before the routing pass's loads in warp 0.
-__device__ __forceinline__ uint32_t issue_rank_mask(const LlContext& ctx) {
-  return ctx.masked != nullptr && static_cast<int>(threadIdx.x) < ctx.dims.num_ranks
-             ? ld_volatile_u32(ctx.masked + threadIdx.x)
-             : 0u;
-}
-__device__ __forceinline__ void publish_rank_mask(const LlContext& ctx, uint32_t first_word,
-                                                  int* s_masked) {
-  if (static_cast<int>(threadIdx.x) < ctx.dims.num_ranks) {
-    s_masked[threadIdx.x] = first_word != 0u ? 1 : 0;
-  }
-  for (int r = threadIdx.x + blockDim.x; r < ctx.dims.num_ranks; r += blockDim.x) {
+// The rank mask as of the kernel's start, into shared memory (the caller
+// synchronises). Waits with mask_on_timeout still check the live mask (ll_wait).
+__device__ __forceinline__ void load_rank_mask(const LlContext& ctx, int* s_masked) {
+  for (int r = threadIdx.x; r < ctx.dims.num_ranks; r += blockDim.x) {
     s_masked[r] = rank_masked(ctx, r) ? 1 : 0;
   }
 }
 
 // Waits for a peer's flag; a peer masked at the kernel's start (s_masked, the
-// snapshot of publish_rank_mask) is not waited for (kFlagTimedOut). With
+// snapshot of load_rank_mask) is not waited for (kFlagTimedOut). With
 // mask_on_timeout a timeout masks the peer instead of recording a fault, and a
 // peer masked meanwhile (by another wait) ends the wait. The rank's own flags
 // are written on this GPU only: acquire at GPU scope.

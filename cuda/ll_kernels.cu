@@ -258,17 +258,11 @@ size_t DispatchSendSmem(int num_tokens, const EpDims& d) {
 //    earlier k), rows_per_expert[e] (tokens sent to e) and rows_before[e]
 //    (those before first_token; rows_before = rows_per_expert + E: both are
 //    cleared as one array). Block 0 writes num_invalid. Has a block barrier
-//    before its first read of `masked` and one at its end. publish_start()
-//    runs just before the first barrier, once the thread's first entries are
-//    loading: the kernel's start loads (the rank mask among them) are stored
-//    into shared memory there, so that their round trip and the entries'
-//    overlap.
-template <typename PublishStart>
+//    before its first read of `masked` and one at its end.
 __device__ __forceinline__ void route_tokens(const EpDims& d, const LlDispatchArgs& args,
                                              const int* masked, int* routing,
                                              int* rows_per_expert, int* rows_before,
-                                             int first_token, int* s_invalid,
-                                             const PublishStart& publish_start) {
+                                             int first_token, int* s_invalid) {
   const int num_topk = d.num_topk;
   const int num_tokens = args.num_tokens;
   const int32_t* __restrict__ topk_idx = args.topk_idx;
@@ -296,7 +290,6 @@ __device__ __forceinline__ void route_tokens(const EpDims& d, const LlDispatchAr
   if (static_cast<int>(threadIdx.x) < num_tokens) load_entries(threadIdx.x);
   for (int i = threadIdx.x; i < 2 * d.num_experts; i += blockDim.x) rows_per_expert[i] = 0;
   if (threadIdx.x == 0) *s_invalid = 0;
-  publish_start();
   __syncthreads();
   int invalid = 0;
   for (int t = threadIdx.x; t < num_tokens; t += blockDim.x) {
@@ -350,11 +343,10 @@ __device__ __forceinline__ float pair_weight(const int32_t* topk_idx, const floa
 // kDirectSelf (one-call BF16 op): the pairs this rank sends itself get only
 // their header (t, 2, w); the receive part reads their payload from x, so no
 // copy of it goes through dispatch_tokens.
-template <bool kFp8, bool kDirectSelf, typename PublishStart>
+template <bool kFp8, bool kDirectSelf>
 __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_t seq,
                                                    const LlDispatchArgs& args,
-                                                   const int* masked, int* smem,
-                                                   const PublishStart& publish_start) {
+                                                   const int* masked, int* smem) {
   __shared__ int s_expert[kMaxTopk];
   __shared__ int s_total[kMaxTopk];
   __shared__ int s_slot[kMaxTopk];
@@ -391,8 +383,7 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
     pieces = load_pieces<kFp8>(token_row(first_token), 0, d.hidden);
   }
 
-  route_tokens(d, args, masked, routing, rows_per_expert, rows_before, first_token, &s_invalid,
-               publish_start);
+  route_tokens(d, args, masked, routing, rows_per_expert, rows_before, first_token, &s_invalid);
 
   // Experts that no token of this rank uses get (seq, 0) now, from block e % grid.
   for (int e = blockIdx.x + threadIdx.x * gridDim.x; e < d.num_experts;
@@ -511,15 +502,13 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
 // sender writes the results itself: pair (t, e) goes straight to output row
 // rows_before[e] of expert e (the tokens before t choosing e), with its source
 // and weight; no messages, flags or receive part. Block e % grid writes
-// count[e] (-1 when `*void_call`, shared memory written by publish_start
-// before the routing pass's first barrier) and the rows past it (source -1,
-// weight 0).
-template <bool kFp8, typename PublishStart>
+// count[e] (-1 when `*void_call`, shared memory written by thread 0 before the
+// routing pass's first barrier) and the rows past it (source -1, weight 0).
+template <bool kFp8>
 __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
                                                      const LlDispatchArgs& args,
                                                      const int* masked, int* smem,
-                                                     const uint32_t* void_call,
-                                                     const PublishStart& publish_start) {
+                                                     const uint32_t* void_call) {
   __shared__ int s_invalid;
   const EpDims d = ctx.dims;
   const int num_topk = d.num_topk;
@@ -538,7 +527,7 @@ __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
   RoundPieces<kFp8> pieces;  // the first row's loads go out before the routing pass
   if (first_token < num_tokens) pieces = load_pieces<kFp8>(token_row(first_token), 0, d.hidden);
   route_tokens(d, args, masked, routing, rows_per_expert_of, rows_before, first_token,
-               &s_invalid, publish_start);
+               &s_invalid);
   for (int e = blockIdx.x; e < d.experts_per_rank; e += gridDim.x) {
     const int count = rows_per_expert_of[e];
     if (threadIdx.x == 0) args.out_count[e] = *void_call != 0u ? -1 : count;
@@ -778,24 +767,16 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
     // block 0 records the fault.
     static_assert(kSend && kRecv, "one rank: the one-call op only");
     __shared__ uint32_t s_void_call;  // published by the routing pass's first barrier
-    const uint32_t void_word =
-        threadIdx.x == 0 ? ld_volatile_u32(&counters->ll_dispatch_outstanding) : 0u;
+    if (threadIdx.x == 0) s_void_call = ld_volatile_u32(&counters->ll_dispatch_outstanding);
     // Block 0's sequence number, loaded now with the block's other loads and
     // stored at the end (no load after its last store; no measurable change in
     // the kernel's time, 2026-12-01, docs/benchmarks.md).
     const uint32_t seq = blockIdx.x == 0 && threadIdx.x == 0
                              ? call_seq<kSend>(&counters->ll_dispatch_seq, args.ticket_in)
                              : 0u;
-    const uint32_t mask_word = issue_rank_mask(ctx);
+    load_rank_mask(ctx, s_masked);  // published by the first barrier below
     profile_start(ctx, 0);
-    // The pairing word and the mask reach shared memory only once the routing
-    // pass's first loads are out (route_tokens): stored here at once, each
-    // cost warp 0 a round trip before the next went out.
-    auto publish_start = [&] {
-      if (threadIdx.x == 0) s_void_call = void_word;
-      publish_rank_mask(ctx, mask_word, s_masked);
-    };
-    dispatch_single_rank<kFp8>(ctx, args, s_masked, smem, &s_void_call, publish_start);
+    dispatch_single_rank<kFp8>(ctx, args, s_masked, smem, &s_void_call);
     finish_single_rank_call(ctx, seq, s_void_call != 0u, &counters->ll_dispatch_seq,
                             kOpLlDispatch, 0);
     return;
@@ -805,14 +786,12 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
   // up at once). Read now, used at the end: the status word is host memory.
   const bool earlier_fault = kRecv && blockIdx.x == 0 && threadIdx.x == 0 &&
                              fault_recorded(ctx.status);
-  const uint32_t mask_word = issue_rank_mask(ctx);
-  auto publish_start = [&] { publish_rank_mask(ctx, mask_word, s_masked); };
+  load_rank_mask(ctx, s_masked);  // published by the first barrier below
   if constexpr (kSend) {
     profile_start(ctx, 0);
-    dispatch_send_part<kFp8, kDirectSelf>(ctx, seq, args, s_masked, smem, publish_start);
+    dispatch_send_part<kFp8, kDirectSelf>(ctx, seq, args, s_masked, smem);
     if constexpr (kRecv) profile_end_block0(ctx, 0);
   } else {
-    publish_start();
     __syncthreads();
   }
   if constexpr (kRecv) {
@@ -1102,7 +1081,6 @@ __global__ void __launch_bounds__(kThreads, 1) ll_combine(LlContext ctx, LlCombi
                                       ld_volatile_u32(&counters->ll_combine_outstanding) != 0u;
   // Loaded now, used later: the rank mask, the count of the block's first
   // expert and the routing of the block's first token.
-  const uint32_t mask_word = issue_rank_mask(ctx);
   const int first_count = kSend && static_cast<int>(blockIdx.x) < ctx.dims.experts_per_rank
                               ? args.count[blockIdx.x]
                               : 0;
@@ -1115,7 +1093,7 @@ __global__ void __launch_bounds__(kThreads, 1) ll_combine(LlContext ctx, LlCombi
       first_weight = args.topk_weights[blockIdx.x * ctx.dims.num_topk + threadIdx.x];
     }
   }
-  publish_rank_mask(ctx, mask_word, s_masked);
+  load_rank_mask(ctx, s_masked);
   __syncthreads();
   if constexpr (kSend) {
     profile_start(ctx, 2);

@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int s_masked[kMaxRanks];
   DeviceCounters* counters = ctx.counters;
   const uint32_t seq = call_seq<kSend>(&counters->ll_combine_seq, args.ticket_in);
-  publish_rank_mask(ctx, issue_rank_mask(ctx), s_masked);
+  load_rank_mask(ctx, s_masked);
   __syncthreads();
   if constexpr (kSend) {
     profile_start(ctx, 2);
