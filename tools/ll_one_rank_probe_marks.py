@@ -1,0 +1,62 @@
+"""Writes cuda/ll_kernels.cu to stdout with phase marks in the one-rank LL dispatch.
+
+For tools/ll_one_rank_probe.cu built with -DLL_PROBE: thread 0 of every block
+stores clock64() at six points of ll_dispatch's one-rank path (0: its start,
+1: the routing pass's first barrier, 2: the routing pass's end, 3: the fill of
+rows past count done, 4: the token loop done, 5: the end) and %globaltimer at
+the start and the end. Without -DLL_PROBE the marks compile to nothing. Not
+part of the library; each anchor must occur exactly once, or this fails.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+KERNELS = pathlib.Path(__file__).resolve().parent.parent / "cuda" / "ll_kernels.cu"
+
+MARK_MACRO = r"""#ifdef LL_PROBE
+__device__ long long g_probe_clk[1024 * 8];
+__device__ unsigned long long g_probe_gt[1024 * 2];
+__device__ __forceinline__ unsigned long long probe_globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define PROBE_MARK(k)                                                        \
+  do {                                                                       \
+    if (threadIdx.x == 0) {                                                  \
+      g_probe_clk[blockIdx.x * 8 + (k)] = clock64();                         \
+      if ((k) == 0) g_probe_gt[blockIdx.x * 2] = probe_globaltimer();        \
+      if ((k) == 5) g_probe_gt[blockIdx.x * 2 + 1] = probe_globaltimer();    \
+    }                                                                        \
+  } while (0)
+#else
+#define PROBE_MARK(k) do {} while (0)
+#endif
+"""
+
+# (anchor, mark placed right after it)
+ANCHORS = [
+    ('static_assert(kSend && kRecv, "one rank: the one-call op only");', 0),
+    ("  if (threadIdx.x == 0) *s_invalid = 0;\n  __syncthreads();", 1),
+    ("  if (blockIdx.x == 0 && invalid != 0) atomicAdd(s_invalid, invalid);\n  __syncthreads();", 2),
+    ("      if (args.out_weights != nullptr) args.out_weights[out_row] = 0.0f;\n    }\n  }\n", 3),
+    ("    dispatch_single_rank<kFp8>(ctx, args, s_masked, smem, &s_void_call);", 4),
+    ("    finish_single_rank_call(ctx, seq, s_void_call != 0u, &counters->ll_dispatch_seq,\n"
+     "                            kOpLlDispatch, 0);", 5),
+]
+
+
+def marked(source: str) -> str:
+  for anchor, mark in ANCHORS:
+    if source.count(anchor) != 1:
+      raise SystemExit(f"ll_one_rank_probe_marks: anchor of mark {mark} found "
+                       f"{source.count(anchor)} times in {KERNELS} (expected once)")
+    source = source.replace(anchor, f"{anchor} PROBE_MARK({mark});")
+  namespace = "namespace jax_ep::cuda {"
+  return source.replace(namespace, MARK_MACRO + namespace, 1)
+
+
+if __name__ == "__main__":
+  sys.stdout.write(marked(KERNELS.read_text()))
