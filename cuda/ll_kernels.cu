@@ -498,7 +498,7 @@ __device__ __forceinline__ void dispatch_send_part(const LlContext& ctx, uint32_
   }
 }
 
-// One rank, one call (kSingleRank): every pair is the rank's own, so the
+// One rank, one call (kOneRankTable): every pair is the rank's own, so the
 // sender writes the results itself: pair (t, e) goes straight to output row
 // rows_before[e] of expert e (the tokens before t choosing e), with its source
 // and weight; no messages, flags or receive part. Block e % grid writes
@@ -579,6 +579,219 @@ __device__ __forceinline__ void dispatch_single_rank(const LlContext& ctx,
     // rows_before moves on for the block's next token.
     if (t + static_cast<int>(gridDim.x) < num_tokens) __syncthreads();
   }
+}
+
+// One rank, one call, few tokens (OneRankQueryFits: at most one token per
+// block, K <= kQueryTopk, at most kQueryExperts experts per block). A block
+// needs only kQueries numbers of the routing: for each expert of its token
+// (token b = blockIdx.x), the tokens before b keeping it (the pair's row), and
+// for each of its experts (b, b + G, ...), the tokens keeping it (count). So
+// there is no routing table, no shared-memory counter to clear and no atomic:
+// thread t holds token t's kept entries (valid, first occurrence) in
+// registers and answers every question with compares; the answers (0 or 1)
+// are packed 4 per word in 8-bit fields, each warp adds its 32 threads' words
+// with kQueryWords + 1 reductions (the last word: block 0's invalid entries),
+// and one block barrier publishes the warps' sums (and thread 0's pairing word
+// and rank mask). A field's total is at most T <= 255, so no field carries
+// into the next. The same results as dispatch_single_rank: a masked rank keeps
+// nothing, a void call (a split send awaiting its receive) writes count -1,
+// rows past count get source -1 and weight 0, pairs land in token order.
+constexpr int kQueryTopk = 8;     // K at most, for this path
+constexpr int kQueryExperts = 4;  // experts per block at most (E <= 528 at 132 blocks)
+constexpr int kQueryWarps = kThreads / kWarpSize;
+constexpr int kQueries = kQueryTopk + kQueryExperts;
+constexpr int kQueryWords = kQueries / 4;  // 8-bit answer fields, 4 per word
+static_assert(kQueries % 4 == 0 && kQueryWords + 1 == 4, "the answers and invalid: one int4");
+
+__host__ __device__ constexpr bool OneRankQueryFits(int num_tokens, int num_topk,
+                                                    int num_experts, int grid) {
+  return num_tokens <= grid && num_tokens <= 255 && num_tokens <= kThreads &&
+         num_topk <= kQueryTopk && (num_experts + grid - 1) / grid <= kQueryExperts;
+}
+
+// A token's K entries (padded with -1 to kQueryTopk), or all -1 past the batch.
+__device__ __forceinline__ void load_query_entries(const int32_t* topk_idx, int t, int num_tokens,
+                                                   int num_topk, bool vector_idx,
+                                                   int (&entries)[kQueryTopk]) {
+#pragma unroll
+  for (int k = 0; k < kQueryTopk; ++k) entries[k] = -1;
+  if (t >= num_tokens) return;
+  const int32_t* token_idx = topk_idx + static_cast<size_t>(t) * num_topk;
+  if (vector_idx) {
+#pragma unroll
+    for (int q = 0; q < kQueryTopk / 4; ++q) {
+      if (4 * q < num_topk) {
+        const int4 four = __ldg(reinterpret_cast<const int4*>(token_idx) + q);
+        entries[4 * q] = four.x;
+        entries[4 * q + 1] = four.y;
+        entries[4 * q + 2] = four.z;
+        entries[4 * q + 3] = four.w;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kQueryTopk; ++k) {
+      if (k < num_topk) entries[k] = __ldg(token_idx + k);
+    }
+  }
+}
+
+// The entries a token keeps: valid and the first naming their expert; -1 else.
+__device__ __forceinline__ void kept_entries(const int (&entries)[kQueryTopk], int num_experts,
+                                             int (&kept)[kQueryTopk]) {
+#pragma unroll
+  for (int k = 0; k < kQueryTopk; ++k) {
+    bool keep = valid_expert(entries[k], num_experts);
+#pragma unroll
+    for (int j = 0; j < k; ++j) keep &= entries[j] != entries[k];
+    kept[k] = keep ? entries[k] : -1;
+    // Opaque to the compiler, so that it computes `kept` once, here, instead
+    // of again inside every question's branch (it did, 2026-12-02: about 70
+    // instructions per question).
+    asm volatile("" : "+r"(kept[k]));
+  }
+}
+
+// Whether a token with these kept entries keeps `expert` (>= 0).
+__device__ __forceinline__ uint32_t keeps(const int (&kept)[kQueryTopk], int expert) {
+  bool found = false;
+#pragma unroll
+  for (int k = 0; k < kQueryTopk; ++k) found |= kept[k] == expert;
+  return found ? 1u : 0u;
+}
+
+// Answer q's field of the warps' summed words.
+__device__ __forceinline__ int answer(const uint4& sums, int q) {
+  const uint32_t word = q / 4 == 0 ? sums.x : q / 4 == 1 ? sums.y : sums.z;
+  return static_cast<int>((word >> (8 * (q % 4))) & 0xffu);
+}
+
+// Returns whether the call is void (a split send awaits its receive).
+template <bool kFp8>
+__device__ __forceinline__ bool dispatch_single_rank_by_queries(const LlContext& ctx,
+                                                                const LlDispatchArgs& args) {
+  __shared__ uint4 s_warp_words[kQueryWarps];  // per warp: 3 answer words, invalid
+  __shared__ uint32_t s_void_call, s_rank_masked;
+  const EpDims d = ctx.dims;
+  const int num_topk = d.num_topk, num_experts = d.num_experts;
+  const int num_tokens = args.num_tokens;
+  const int rows_per_expert = d.ll_max_tokens;  // R * T_ll, R = 1
+  const int grid = gridDim.x, b = blockIdx.x;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const auto* __restrict__ x = static_cast<const __nv_bfloat16*>(args.x);
+  const int32_t* __restrict__ topk_idx = args.topk_idx;
+  auto token_row = [&](int t) {
+    return reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * d.hidden);
+  };
+  // Every load of the block goes out before the first use of any: the token's
+  // row, this thread's token's entries, the block's token's entries
+  // (broadcast), and thread 0's pairing word and rank mask.
+  RoundPieces<kFp8> pieces;
+  if (b < num_tokens) pieces = load_pieces<kFp8>(token_row(b), 0, d.hidden);
+  const bool vector_idx =
+      num_topk % 4 == 0 && (reinterpret_cast<uintptr_t>(topk_idx) & 15u) == 0;
+  int entries[kQueryTopk], asked[kQueryTopk];
+  load_query_entries(topk_idx, threadIdx.x, num_tokens, num_topk, vector_idx, entries);
+  load_query_entries(topk_idx, b, num_tokens, num_topk, vector_idx, asked);
+  uint32_t void_word = 0u, mask_word = 0u;
+  if (threadIdx.x == 0) {
+    void_word = ld_volatile_u32(&ctx.counters->ll_dispatch_outstanding);
+    if (ctx.masked != nullptr) mask_word = ld_volatile_u32(ctx.masked);
+  }
+  int kept[kQueryTopk], asked_kept[kQueryTopk];
+  kept_entries(entries, num_experts, kept);
+  kept_entries(asked, num_experts, asked_kept);
+  // Every question at once (no branch between them, so their compares
+  // overlap), then one reduction per word.
+  const uint32_t before = static_cast<int>(threadIdx.x) < b ? 1u : 0u;
+  uint32_t words[kQueryWords + 1] = {};
+#pragma unroll
+  for (int k = 0; k < kQueryTopk; ++k) {
+    const uint32_t hit = asked_kept[k] >= 0 ? before & keeps(kept, asked_kept[k]) : 0u;
+    words[k / 4] |= hit << (8 * (k % 4));
+  }
+#pragma unroll
+  for (int j = 0; j < kQueryExperts; ++j) {
+    const int e = b + j * grid;
+    const uint32_t hit = e < num_experts ? keeps(kept, e) : 0u;
+    words[(kQueryTopk + j) / 4] |= hit << (8 * ((kQueryTopk + j) % 4));
+  }
+#pragma unroll
+  for (int k = 0; k < kQueryTopk; ++k) {
+    words[kQueryWords] += k < num_topk && (entries[k] < -1 || entries[k] >= num_experts) ? 1u : 0u;
+  }
+#pragma unroll
+  for (int w = 0; w < kQueryWords + 1; ++w) words[w] = __reduce_add_sync(0xffffffffu, words[w]);
+  if (lane == 0) s_warp_words[warp] = make_uint4(words[0], words[1], words[2], words[3]);
+  if (threadIdx.x == 0) {
+    s_void_call = void_word;
+    s_rank_masked = mask_word;
+  }
+  __syncthreads();
+  uint4 sums = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int w = 0; w < kQueryWarps; ++w) {
+    const uint4 v = s_warp_words[w];
+    sums.x += v.x;
+    sums.y += v.y;
+    sums.z += v.z;
+    sums.w += v.w;
+  }
+  const bool masked = s_rank_masked != 0u, void_call = s_void_call != 0u;
+  if (b == 0 && threadIdx.x == 0 && args.num_invalid != nullptr) {
+    *args.num_invalid = static_cast<int>(sums.w);
+  }
+  // The block's experts: count, then the rows past it.
+#pragma unroll
+  for (int j = 0; j < kQueryExperts; ++j) {
+    const int e = b + j * grid;
+    if (e < num_experts) {
+      const int count = masked ? 0 : answer(sums, kQueryTopk + j);
+      if (threadIdx.x == 0) args.out_count[e] = void_call ? -1 : count;
+      for (int row = count + threadIdx.x; row < rows_per_expert; row += blockDim.x) {
+        const size_t out_row = static_cast<size_t>(e) * rows_per_expert + row;
+        args.out_recv_src[out_row] = -1;
+        if (args.out_weights != nullptr) args.out_weights[out_row] = 0.0f;
+      }
+    }
+  }
+  if (b >= num_tokens || masked) return void_call;
+  // The block's token: each kept pair's output row.
+  size_t out_rows[kQueryTopk];
+#pragma unroll
+  for (int k = 0; k < kQueryTopk; ++k) {
+    out_rows[k] = asked_kept[k] >= 0 ? static_cast<size_t>(asked_kept[k]) * rows_per_expert +
+                                           answer(sums, k)
+                                     : 0;
+  }
+#pragma unroll
+  for (int k = 0; k < kQueryTopk; ++k) {
+    if (asked_kept[k] >= 0 && static_cast<int>(threadIdx.x) == k) {
+      args.out_recv_src[out_rows[k]] = b;  // source rank 0
+      if (args.out_weights != nullptr) {
+        args.out_weights[out_rows[k]] =
+            pair_weight(topk_idx, args.topk_weights, b, k, asked_kept[k], num_topk);
+      }
+    }
+  }
+  const int4* row = token_row(b);
+  for (int c0 = 0; c0 < d.hidden; c0 += kChannelsPerRound) {
+    if (c0 > 0) pieces = load_pieces<kFp8>(row, c0, d.hidden);
+#pragma unroll
+    for (int k = 0; k < kQueryTopk; ++k) {
+      if (asked_kept[k] < 0) continue;
+      if constexpr (kFp8) {
+        store_pieces_to<kFp8>(
+            reinterpret_cast<int4*>(static_cast<uint8_t*>(args.out_x) + out_rows[k] * d.hidden),
+            args.out_scales + out_rows[k] * (d.hidden / 128), pieces, c0, d.hidden);
+      } else {
+        store_pieces_to<kFp8>(reinterpret_cast<int4*>(static_cast<__nv_bfloat16*>(args.out_x) +
+                                                      out_rows[k] * d.hidden),
+                              nullptr, pieces, c0, d.hidden);
+      }
+    }
+  }
+  return void_call;
 }
 
 // The receive part's share of this block. With at least as many local experts
@@ -743,8 +956,11 @@ __device__ __forceinline__ bool dispatch_recv_part(const LlContext& ctx, uint32_
 
 // kParts = kSendPart (split send: ticket_out), kRecvPart (split recv: ticket_in)
 // or kBothParts (one-call op, whose own pairs skip dispatch_tokens: kDirectSelf).
-// kSingleRank (one-call op at one rank): dispatch_single_rank instead of both parts.
-template <bool kFp8, int kParts, bool kSingleRank = false>
+// kOneRank (one-call op at one rank): dispatch_single_rank (kOneRankTable) or,
+// where OneRankQueryFits, dispatch_single_rank_by_queries (kOneRankQueries)
+// instead of both parts.
+constexpr int kManyRanks = 0, kOneRankTable = 1, kOneRankQueries = 2;
+template <bool kFp8, int kParts, int kOneRank = kManyRanks>
 __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDispatchArgs args) {
   extern __shared__ int smem[];
   __shared__ int s_masked[kMaxRanks];
@@ -754,7 +970,7 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
   // docs/benchmarks.md "What was tried").
   constexpr bool kDirectSelf = kSend && kRecv && !kFp8;
   DeviceCounters* counters = ctx.counters;
-  if constexpr (kSingleRank) {
+  if constexpr (kOneRank != kManyRanks) {
     // One rank: no peer can be out of step, so no grid-wide epilogue (the
     // arrival counter and its dependent loads cost about 1.5 us per call) and
     // no look at earlier faults (the host-mapped status word costs about 0.9
@@ -766,19 +982,25 @@ __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDisp
     // 2026-12-01, docs/benchmarks.md) and the block voids its experts' counts,
     // block 0 records the fault.
     static_assert(kSend && kRecv, "one rank: the one-call op only");
-    __shared__ uint32_t s_void_call;  // published by the routing pass's first barrier
-    if (threadIdx.x == 0) s_void_call = ld_volatile_u32(&counters->ll_dispatch_outstanding);
     // Block 0's sequence number, loaded now with the block's other loads and
     // stored at the end (no load after its last store; no measurable change in
     // the kernel's time, 2026-12-01, docs/benchmarks.md).
     const uint32_t seq = blockIdx.x == 0 && threadIdx.x == 0
                              ? call_seq<kSend>(&counters->ll_dispatch_seq, args.ticket_in)
                              : 0u;
-    load_rank_mask(ctx, s_masked);  // published by the first barrier below
-    profile_start(ctx, 0);
-    dispatch_single_rank<kFp8>(ctx, args, s_masked, smem, &s_void_call);
-    finish_single_rank_call(ctx, seq, s_void_call != 0u, &counters->ll_dispatch_seq,
-                            kOpLlDispatch, 0);
+    bool void_call;
+    if constexpr (kOneRank == kOneRankQueries) {
+      profile_start(ctx, 0);
+      void_call = dispatch_single_rank_by_queries<kFp8>(ctx, args);
+    } else {
+      __shared__ uint32_t s_void_call;  // published by the routing pass's first barrier
+      if (threadIdx.x == 0) s_void_call = ld_volatile_u32(&counters->ll_dispatch_outstanding);
+      load_rank_mask(ctx, s_masked);  // published by the first barrier below
+      profile_start(ctx, 0);
+      dispatch_single_rank<kFp8>(ctx, args, s_masked, smem, &s_void_call);
+      void_call = s_void_call != 0u;
+    }
+    finish_single_rank_call(ctx, seq, void_call, &counters->ll_dispatch_seq, kOpLlDispatch, 0);
     return;
   }
   const uint32_t seq = call_seq<kSend>(&counters->ll_dispatch_seq, args.ticket_in);
@@ -1118,7 +1340,7 @@ __global__ void __launch_bounds__(kThreads, 1) ll_combine(LlContext ctx, LlCombi
 template <int kParts>
 cudaError_t LaunchDispatchParts(const LlContext& ctx, LlDispatchArgs args, cudaStream_t stream) {
   constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
-  const size_t smem = kSend ? DispatchSendSmem(args.num_tokens, ctx.dims) : 0;
+  size_t smem = kSend ? DispatchSendSmem(args.num_tokens, ctx.dims) : 0;
   if (smem > kMaxDynamicSmem) return cudaErrorInvalidConfiguration;
   if (kRecv && !kSend && args.ticket_in == nullptr) {
     args.ticket_in = &ctx.counters->ll_dispatch_seq;  // right after its send
@@ -1126,12 +1348,20 @@ cudaError_t LaunchDispatchParts(const LlContext& ctx, LlDispatchArgs args, cudaS
   const int work = kSend && kRecv ? std::max(args.num_tokens, ctx.dims.experts_per_rank)
                    : kSend        ? args.num_tokens
                                   : ctx.dims.experts_per_rank;
+  const int grid = GridSize(ctx, work);
   auto kernel = args.use_fp8 ? ll_dispatch<true, kParts> : ll_dispatch<false, kParts>;
-  if (kSend && kRecv && ctx.dims.num_ranks == 1) {
-    kernel = args.use_fp8 ? ll_dispatch<true, kParts, kSend && kRecv>
-                          : ll_dispatch<false, kParts, kSend && kRecv>;
+  if constexpr (kSend && kRecv) {
+    if (ctx.dims.num_ranks == 1 &&
+        OneRankQueryFits(args.num_tokens, ctx.dims.num_topk, ctx.dims.num_experts, grid)) {
+      kernel = args.use_fp8 ? ll_dispatch<true, kParts, kOneRankQueries>
+                            : ll_dispatch<false, kParts, kOneRankQueries>;
+      smem = 0;  // no routing table
+    } else if (ctx.dims.num_ranks == 1) {
+      kernel = args.use_fp8 ? ll_dispatch<true, kParts, kOneRankTable>
+                            : ll_dispatch<false, kParts, kOneRankTable>;
+    }
   }
-  kernel<<<GridSize(ctx, work), kThreads, smem, stream>>>(ctx, args);
+  kernel<<<grid, kThreads, smem, stream>>>(ctx, args);
   return cudaGetLastError();
 }
 
@@ -1185,8 +1415,8 @@ cudaError_t PrepareLlKernels() {
                              reinterpret_cast<const void*>(ll_dispatch<true, kSendPart>),
                              reinterpret_cast<const void*>(ll_dispatch<false, kBothParts>),
                              reinterpret_cast<const void*>(ll_dispatch<true, kBothParts>),
-                             reinterpret_cast<const void*>(ll_dispatch<false, kBothParts, true>),
-                             reinterpret_cast<const void*>(ll_dispatch<true, kBothParts, true>)}) {
+                             reinterpret_cast<const void*>(ll_dispatch<false, kBothParts, kOneRankTable>),
+                             reinterpret_cast<const void*>(ll_dispatch<true, kBothParts, kOneRankTable>)}) {
     if (err == cudaSuccess) {
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
     }
@@ -1194,6 +1424,8 @@ cudaError_t PrepareLlKernels() {
   cudaFuncAttributes attrs;
   for (const void* kernel : {reinterpret_cast<const void*>(ll_dispatch<false, kRecvPart>),
                              reinterpret_cast<const void*>(ll_dispatch<true, kRecvPart>),
+                             reinterpret_cast<const void*>(ll_dispatch<false, kBothParts, kOneRankQueries>),
+                             reinterpret_cast<const void*>(ll_dispatch<true, kBothParts, kOneRankQueries>),
                              reinterpret_cast<const void*>(ll_combine<kSendPart>),
                              reinterpret_cast<const void*>(ll_combine<kRecvPart>),
                              reinterpret_cast<const void*>(ll_combine<kBothParts>)}) {

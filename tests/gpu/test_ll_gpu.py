@@ -22,6 +22,12 @@ SHAPES = [  # (E, K, T_ll, T_local, H)
     (16, 4, 32, 32, 256),
     (32, 8, 64, 40, 512),
     (64, 8, 32, 32, 7168),
+    # At one rank on a GPU of 132 SMs, the one-rank dispatch's two ways
+    # (cuda/ll_kernels.cu): by per-block questions with two experts per block
+    # and K not a multiple of 4, and (K > 8, more tokens than blocks) by the
+    # routing table.
+    (256, 6, 128, 100, 256),
+    (32, 12, 160, 150, 256),
 ]
 NUM_CALLS = 1000
 
