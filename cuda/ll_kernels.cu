@@ -654,10 +654,10 @@ __device__ __forceinline__ void kept_entries(const int (&entries)[kQueryTopk], i
 
 // Whether a token with these kept entries keeps `expert` (>= 0).
 __device__ __forceinline__ uint32_t keeps(const int (&kept)[kQueryTopk], int expert) {
-  bool found = false;
+  uint32_t found = 0u;
 #pragma unroll
-  for (int k = 0; k < kQueryTopk; ++k) found |= kept[k] == expert;
-  return found ? 1u : 0u;
+  for (int k = 0; k < kQueryTopk; ++k) found |= static_cast<uint32_t>(kept[k] == expert);
+  return found;
 }
 
 // Answer q's field of the warps' summed words.
@@ -698,30 +698,39 @@ __device__ __forceinline__ bool dispatch_single_rank_by_queries(const LlContext&
     void_word = ld_volatile_u32(&ctx.counters->ll_dispatch_outstanding);
     if (ctx.masked != nullptr) mask_word = ld_volatile_u32(ctx.masked);
   }
-  int kept[kQueryTopk], asked_kept[kQueryTopk];
-  kept_entries(entries, num_experts, kept);
-  kept_entries(asked, num_experts, asked_kept);
-  // Every question at once (no branch between them, so their compares
-  // overlap), then one reduction per word.
-  const uint32_t before = static_cast<int>(threadIdx.x) < b ? 1u : 0u;
+  // Only warps holding tokens ask (the others' answers are 0), and of them
+  // only those holding a token before b ask for rows. The questions have no
+  // branch between them (bitwise &, not ?: or &&, which the compiler made
+  // into one branch per question, 2026-12-02), so their compares overlap;
+  // then one reduction per word.
   uint32_t words[kQueryWords + 1] = {};
+  if (warp * kWarpSize < num_tokens) {
+    int kept[kQueryTopk];
+    kept_entries(entries, num_experts, kept);
+    if (warp * kWarpSize < b) {
+      const uint32_t before = static_cast<int>(threadIdx.x) < b ? 1u : 0u;
 #pragma unroll
-  for (int k = 0; k < kQueryTopk; ++k) {
-    const uint32_t hit = asked_kept[k] >= 0 ? before & keeps(kept, asked_kept[k]) : 0u;
-    words[k / 4] |= hit << (8 * (k % 4));
+      for (int k = 0; k < kQueryTopk; ++k) {  // asked[k] = -1 past K
+        const uint32_t hit = before & static_cast<uint32_t>(asked[k] >= 0) & keeps(kept, asked[k]);
+        words[k / 4] |= hit << (8 * (k % 4));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kQueryExperts; ++j) {
+      const int e = b + j * grid;
+      const uint32_t hit = static_cast<uint32_t>(e < num_experts) & keeps(kept, e);
+      words[(kQueryTopk + j) / 4] |= hit << (8 * ((kQueryTopk + j) % 4));
+    }
+    if (b == 0) {
+#pragma unroll
+      for (int k = 0; k < kQueryTopk; ++k) {
+        words[kQueryWords] += static_cast<uint32_t>(k < num_topk) &
+                              static_cast<uint32_t>(entries[k] < -1 || entries[k] >= num_experts);
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < kQueryWords + 1; ++w) words[w] = __reduce_add_sync(0xffffffffu, words[w]);
   }
-#pragma unroll
-  for (int j = 0; j < kQueryExperts; ++j) {
-    const int e = b + j * grid;
-    const uint32_t hit = e < num_experts ? keeps(kept, e) : 0u;
-    words[(kQueryTopk + j) / 4] |= hit << (8 * ((kQueryTopk + j) % 4));
-  }
-#pragma unroll
-  for (int k = 0; k < kQueryTopk; ++k) {
-    words[kQueryWords] += k < num_topk && (entries[k] < -1 || entries[k] >= num_experts) ? 1u : 0u;
-  }
-#pragma unroll
-  for (int w = 0; w < kQueryWords + 1; ++w) words[w] = __reduce_add_sync(0xffffffffu, words[w]);
   if (lane == 0) s_warp_words[warp] = make_uint4(words[0], words[1], words[2], words[3]);
   if (threadIdx.x == 0) {
     s_void_call = void_word;
@@ -757,6 +766,8 @@ __device__ __forceinline__ bool dispatch_single_rank_by_queries(const LlContext&
   }
   if (b >= num_tokens || masked) return void_call;
   // The block's token: each kept pair's output row.
+  int asked_kept[kQueryTopk];
+  kept_entries(asked, num_experts, asked_kept);
   size_t out_rows[kQueryTopk];
 #pragma unroll
   for (int k = 0; k < kQueryTopk; ++k) {
