@@ -683,11 +683,11 @@ __device__ __forceinline__ bool dispatch_single_rank_by_queries(const LlContext&
   auto token_row = [&](int t) {
     return reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * d.hidden);
   };
-  // Every load of the block goes out before the first use of any: the token's
-  // row, this thread's token's entries, the block's token's entries
-  // (broadcast), and thread 0's pairing word and rank mask.
-  RoundPieces<kFp8> pieces;
-  if (b < num_tokens) pieces = load_pieces<kFp8>(token_row(b), 0, d.hidden);
+  // Every load of the block goes out before the first use of any: this
+  // thread's token's entries, the block's token's entries (broadcast),
+  // thread 0's pairing word and rank mask, and last the token's row (needed
+  // only after the barrier: its 14 KB per block, loaded first, would come back
+  // before the entries).
   const bool vector_idx =
       num_topk % 4 == 0 && (reinterpret_cast<uintptr_t>(topk_idx) & 15u) == 0;
   int entries[kQueryTopk], asked[kQueryTopk];
@@ -698,16 +698,24 @@ __device__ __forceinline__ bool dispatch_single_rank_by_queries(const LlContext&
     void_word = ld_volatile_u32(&ctx.counters->ll_dispatch_outstanding);
     if (ctx.masked != nullptr) mask_word = ld_volatile_u32(ctx.masked);
   }
-  // Only warps holding tokens ask (the others' answers are 0), and of them
-  // only those holding a token before b ask for rows. The questions have no
-  // branch between them (bitwise &, not ?: or &&, which the compiler made
-  // into one branch per question, 2026-12-02), so their compares overlap;
-  // then one reduction per word.
+  RoundPieces<kFp8> pieces;
+  if (b < num_tokens) pieces = load_pieces<kFp8>(token_row(b), 0, d.hidden);
+  // Only warps with a valid entry ask (the others' answers are 0), only
+  // those holding a token before b ask for rows, and only for a token that
+  // sends something. The questions have no branch between them (bitwise &,
+  // not ?: or &&, which the compiler made into one branch per question,
+  // 2026-12-02), so their compares overlap; then one reduction per word.
   uint32_t words[kQueryWords + 1] = {};
-  if (warp * kWarpSize < num_tokens) {
+  uint32_t any_valid = 0u, any_asked = 0u;
+#pragma unroll
+  for (int k = 0; k < kQueryTopk; ++k) {
+    any_valid |= static_cast<uint32_t>(valid_expert(entries[k], num_experts));
+    any_asked |= static_cast<uint32_t>(valid_expert(asked[k], num_experts));
+  }
+  if (__any_sync(0xffffffffu, any_valid != 0u)) {
     int kept[kQueryTopk];
     kept_entries(entries, num_experts, kept);
-    if (warp * kWarpSize < b) {
+    if (warp * kWarpSize < b && any_asked != 0u) {
       const uint32_t before = static_cast<int>(threadIdx.x) < b ? 1u : 0u;
 #pragma unroll
       for (int k = 0; k < kQueryTopk; ++k) {  // asked[k] = -1 past K
@@ -721,15 +729,16 @@ __device__ __forceinline__ bool dispatch_single_rank_by_queries(const LlContext&
       const uint32_t hit = static_cast<uint32_t>(e < num_experts) & keeps(kept, e);
       words[(kQueryTopk + j) / 4] |= hit << (8 * ((kQueryTopk + j) % 4));
     }
-    if (b == 0) {
 #pragma unroll
-      for (int k = 0; k < kQueryTopk; ++k) {
-        words[kQueryWords] += static_cast<uint32_t>(k < num_topk) &
-                              static_cast<uint32_t>(entries[k] < -1 || entries[k] >= num_experts);
-      }
+    for (int w = 0; w < kQueryWords; ++w) words[w] = __reduce_add_sync(0xffffffffu, words[w]);
+  }
+  if (b == 0) {
+#pragma unroll
+    for (int k = 0; k < kQueryTopk; ++k) {
+      words[kQueryWords] += static_cast<uint32_t>(k < num_topk) &
+                            static_cast<uint32_t>(entries[k] < -1 || entries[k] >= num_experts);
     }
-#pragma unroll
-    for (int w = 0; w < kQueryWords + 1; ++w) words[w] = __reduce_add_sync(0xffffffffu, words[w]);
+    words[kQueryWords] = __reduce_add_sync(0xffffffffu, words[kQueryWords]);
   }
   if (lane == 0) s_warp_words[warp] = make_uint4(words[0], words[1], words[2], words[3]);
   if (threadIdx.x == 0) {
