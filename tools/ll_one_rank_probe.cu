@@ -11,9 +11,11 @@
 //
 // Built with -DLL_PROBE against the copy of cuda/ll_kernels.cu that
 // tools/ll_one_rank_probe_marks.py writes, it also prints each phase of one
-// launch from thread 0 of every block (clock64 at the phase boundaries):
-// the start loads to the routing pass's first barrier, the routing pass, the
-// fill of rows past count, the token loop, the end.
+// launch from thread 0 of every block (clock64 at the phase boundaries). On
+// the routing table's way: the start loads to the routing pass's first
+// barrier, the routing pass, the fill of rows past count, the token loop, the
+// end; on the per-block questions' way (DeepEP's LL shape at 132 blocks):
+// thread 0's start to the barrier, the barrier, the fill, the pairs, the end.
 // Not part of the library; results in docs/benchmarks.md.
 //
 //   NV=$(python3 -c "import nvidia.nvshmem as m; print(m.__path__[0])")
@@ -169,7 +171,9 @@ int main(int argc, char** argv) {
     auto show = [](const char* n, std::vector<double> v) { std::sort(v.begin(), v.end());
       printf("  %-28s min %.3f  med %.3f  p90 %.3f  max %.3f us\n", n, v[0], v[v.size() / 2], v[v.size() * 9 / 10], v.back()); };
     show("block start (globaltimer)", st);
-    const char* names[6] = {"", "start -> route barrier 1", "route barrier 1 -> end", "fill", "token loop", "finish"};
+    // The routing table's phases / the per-block questions' (ll_one_rank_probe_marks.py).
+    const char* names[6] = {"", "start -> barrier 1 / to barrier", "routing pass / barrier",
+                            "fill", "token loop / pairs", "finish"};
     for (int k = 1; k < 6; ++k) show(names[k], ph[k]);
     std::vector<double> ends; for (int b2 = 0; b2 < G; ++b2) ends.push_back((gt[2 * b2 + 1] - gt0) / 1e3);
     show("block end (globaltimer)", ends);

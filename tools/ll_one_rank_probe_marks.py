@@ -2,9 +2,7 @@
 
 For tools/ll_one_rank_probe.cu built with -DLL_PROBE: thread 0 of every block
 stores clock64() at six points of ll_dispatch's one-rank path (0: its start,
-1: the routing pass's first barrier, 2: the routing pass's end, 3: the fill of
-rows past count done, 4: the token loop done, 5: the end) and %globaltimer at
-the start and the end. Without -DLL_PROBE the marks compile to nothing. Not
+1-4: see ANCHORS, 5: the end) and %globaltimer at the start and the end. Without -DLL_PROBE the marks compile to nothing. Not
 part of the library; each anchor must occur exactly once, or this fails.
 """
 
@@ -36,15 +34,24 @@ __device__ __forceinline__ unsigned long long probe_globaltimer() {
 #endif
 """
 
-# (anchor, mark placed right after it)
+# (anchor, mark placed right after it). Marks 1-4 sit in both ways of the
+# one-rank dispatch (only one runs per launch): the routing table's (1: its
+# routing pass's first barrier, 2: the pass's end, 3: the fill of rows past
+# count done, 4: the token loop done) and the per-block questions' (1: thread
+# 0 reaching the barrier, 2: past it, 3: the fill done, 4: the pairs done).
 ANCHORS = [
     ('static_assert(kSend && kRecv, "one rank: the one-call op only");', 0),
     ("  if (threadIdx.x == 0) *s_invalid = 0;\n  __syncthreads();", 1),
     ("  if (blockIdx.x == 0 && invalid != 0) atomicAdd(s_invalid, invalid);\n  __syncthreads();", 2),
     ("      if (args.out_weights != nullptr) args.out_weights[out_row] = 0.0f;\n    }\n  }\n", 3),
     ("    dispatch_single_rank<kFp8>(ctx, args, s_masked, smem, &s_void_call);", 4),
-    ("    finish_single_rank_call(ctx, seq, s_void_call != 0u, &counters->ll_dispatch_seq,\n"
-     "                            kOpLlDispatch, 0);", 5),
+    ("    s_rank_masked = mask_word;\n  }\n", 1),
+    ("  __syncthreads();\n  uint4 sums = make_uint4(0u, 0u, 0u, 0u);", 2),
+    ("        if (args.out_weights != nullptr) args.out_weights[out_row] = 0.0f;\n      }\n    }\n  }\n",
+     3),
+    ("      void_call = dispatch_single_rank_by_queries<kFp8>(ctx, args);", 4),
+    ("    finish_single_rank_call(ctx, seq, void_call, &counters->ll_dispatch_seq, kOpLlDispatch, 0);",
+     5),
 ]
 
 
