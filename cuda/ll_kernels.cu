@@ -683,11 +683,12 @@ __device__ __forceinline__ bool dispatch_single_rank_by_queries(const LlContext&
   auto token_row = [&](int t) {
     return reinterpret_cast<const int4*>(x + static_cast<size_t>(t) * d.hidden);
   };
-  // Every load of the block goes out before the first use of any: this
-  // thread's token's entries, the block's token's entries (broadcast),
-  // thread 0's pairing word and rank mask, and last the token's row (needed
-  // only after the barrier: its 14 KB per block, loaded first, would come back
-  // before the entries).
+  // The loads go out together: this thread's token's entries, the block's
+  // token's entries (broadcast), and thread 0's pairing word and rank mask.
+  // Plain loads: nothing in this kernel writes those words, and they were
+  // written before it (by the host or by earlier kernels); their strong
+  // system-scope loads cost 0.12 us of a 3.24 us no-rows kernel (2026-12-02,
+  // docs/benchmarks.md).
   const bool vector_idx =
       num_topk % 4 == 0 && (reinterpret_cast<uintptr_t>(topk_idx) & 15u) == 0;
   int entries[kQueryTopk], asked[kQueryTopk];
@@ -695,11 +696,9 @@ __device__ __forceinline__ bool dispatch_single_rank_by_queries(const LlContext&
   load_query_entries(topk_idx, b, num_tokens, num_topk, vector_idx, asked);
   uint32_t void_word = 0u, mask_word = 0u;
   if (threadIdx.x == 0) {
-    void_word = ld_volatile_u32(&ctx.counters->ll_dispatch_outstanding);
-    if (ctx.masked != nullptr) mask_word = ld_volatile_u32(ctx.masked);
+    void_word = ctx.counters->ll_dispatch_outstanding;
+    if (ctx.masked != nullptr) mask_word = *ctx.masked;
   }
-  RoundPieces<kFp8> pieces;
-  if (b < num_tokens) pieces = load_pieces<kFp8>(token_row(b), 0, d.hidden);
   // Only warps with a valid entry ask (the others' answers are 0), only
   // those holding a token before b ask for rows, and only for a token that
   // sends something. The questions have no branch between them (bitwise &,
@@ -712,6 +711,12 @@ __device__ __forceinline__ bool dispatch_single_rank_by_queries(const LlContext&
     any_valid |= static_cast<uint32_t>(valid_expert(entries[k], num_experts));
     any_asked |= static_cast<uint32_t>(valid_expert(asked[k], num_experts));
   }
+  // The token's row, only when it goes somewhere (a masked rank is known only
+  // after the barrier), now that its entries are here: loaded at the start,
+  // its 14 KB per block held up the fill's stores and the end (no rows: 3.24
+  // -> 3.06 us without it, 2026-12-02, docs/benchmarks.md).
+  RoundPieces<kFp8> pieces;
+  if (any_asked != 0u) pieces = load_pieces<kFp8>(token_row(b), 0, d.hidden);
   if (__any_sync(0xffffffffu, any_valid != 0u)) {
     int kept[kQueryTopk];
     kept_entries(entries, num_experts, kept);
