@@ -77,8 +77,14 @@
 //      result is void, NaN).
 //
 // One rank (R = 1), one-call ops: the dispatch's sender writes the results
-// itself (dispatch_single_rank: no messages, flags or receive part) and the
-// combine has no send part (step 6 reads every row from y). Neither has the
+// itself (no messages, flags or receive part) and the combine has no send
+// part (step 6 reads every row from y). The dispatch goes one of two ways,
+// chosen by the launcher (OneRankQueryFits), with the same results: with at
+// most one token per block, K <= 8 and at most 4 experts per block, each
+// block asks the routing only for its token's rows and its experts' counts
+// (dispatch_single_rank_by_queries: registers, warp reductions and one block
+// barrier; no shared table, counter or atomic); otherwise every block builds
+// the routing table in shared memory (dispatch_single_rank). Neither has the
 // last-block epilogue below: block 0 advances the sequence number, and a split
 // send of the same kind awaiting its receive (read by every block at its
 // start; no block writes it) is recorded as a protocol fault by block 0 and
@@ -686,9 +692,9 @@ __device__ __forceinline__ bool dispatch_single_rank_by_queries(const LlContext&
   // The loads go out together: this thread's token's entries, the block's
   // token's entries (broadcast), and thread 0's pairing word and rank mask.
   // Plain loads: nothing in this kernel writes those words, and they were
-  // written before it (by the host or by earlier kernels); their strong
-  // system-scope loads cost 0.12 us of a 3.24 us no-rows kernel (2026-12-02,
-  // docs/benchmarks.md).
+  // written before it (by the host or by earlier kernels). Strong
+  // system-scope loads of them cost 0.05 us per no-rows launch (3.14 against
+  // 3.09 us, 2026-12-02, docs/benchmarks.md).
   const bool vector_idx =
       num_topk % 4 == 0 && (reinterpret_cast<uintptr_t>(topk_idx) & 15u) == 0;
   int entries[kQueryTopk], asked[kQueryTopk];
@@ -712,9 +718,9 @@ __device__ __forceinline__ bool dispatch_single_rank_by_queries(const LlContext&
     any_asked |= static_cast<uint32_t>(valid_expert(asked[k], num_experts));
   }
   // The token's row, only when it goes somewhere (a masked rank is known only
-  // after the barrier), now that its entries are here: loaded at the start,
-  // its 14 KB per block held up the fill's stores and the end (no rows: 3.24
-  // -> 3.06 us without it, 2026-12-02, docs/benchmarks.md).
+  // after the barrier), now that its entries are here. Loaded at the start of
+  // every block, its 14 KB per block cost a no-rows launch 0.1 us (3.25 ->
+  // 3.14 us; not loading it at all: 3.06, 2026-12-02, docs/benchmarks.md).
   RoundPieces<kFp8> pieces;
   if (any_asked != 0u) pieces = load_pieces<kFp8>(token_row(b), 0, d.hidden);
   if (__any_sync(0xffffffffu, any_valid != 0u)) {
@@ -764,8 +770,8 @@ __device__ __forceinline__ bool dispatch_single_rank_by_queries(const LlContext&
   if (b == 0 && threadIdx.x == 0 && args.num_invalid != nullptr) {
     *args.num_invalid = static_cast<int>(sums.w);
   }
-  // The block's experts: count, then the rows past it. A rolled loop, as the
-  // walk below: see there.
+  // The block's experts: count, then the rows past it (a rolled loop: less
+  // code to run past, see below).
 #pragma unroll 1
   for (int j = 0; j < kQueryExperts; ++j) {
     const int e = b + j * grid;
@@ -779,9 +785,10 @@ __device__ __forceinline__ bool dispatch_single_rank_by_queries(const LlContext&
       }
     }
   }
-  // A token that sends nothing stops here: walking past the pairs' unrolled
-  // code, branch by branch, took 0.9 us of thread 0's 2.5 us in a no-rows
-  // call (2026-12-02, docs/benchmarks.md).
+  // A token that sends nothing stops here. Run with no pair, the code below
+  // (unrolled per pair, every part behind a branch) took thread 0 0.9 us of
+  // a no-rows launch; stopping here cut the launch 3.12 -> 2.43 us
+  // (2026-12-02, docs/benchmarks.md). Why so long is not placed.
   if (b >= num_tokens || masked || any_asked == 0u) return void_call;
   // The block's token: each kept pair's output row.
   int asked_kept[kQueryTopk];
