@@ -1446,25 +1446,26 @@ cudaError_t PrepareLlKernels() {
   // Load every kernel now (not lazily inside a call while peers spin) and
   // allow large dynamic shared memory for the send part's routing tables.
   const int max_smem = static_cast<int>(kMaxDynamicSmem);
+  auto address = [](auto kernel) { return reinterpret_cast<const void*>(kernel); };
   cudaError_t err = cudaSuccess;
-  for (const void* kernel : {reinterpret_cast<const void*>(ll_dispatch<false, kSendPart>),
-                             reinterpret_cast<const void*>(ll_dispatch<true, kSendPart>),
-                             reinterpret_cast<const void*>(ll_dispatch<false, kBothParts>),
-                             reinterpret_cast<const void*>(ll_dispatch<true, kBothParts>),
-                             reinterpret_cast<const void*>(ll_dispatch<false, kBothParts, kOneRankTable>),
-                             reinterpret_cast<const void*>(ll_dispatch<true, kBothParts, kOneRankTable>)}) {
+  for (const void* kernel : {address(ll_dispatch<false, kSendPart>),
+                             address(ll_dispatch<true, kSendPart>),
+                             address(ll_dispatch<false, kBothParts>),
+                             address(ll_dispatch<true, kBothParts>),
+                             address(ll_dispatch<false, kBothParts, kOneRankTable>),
+                             address(ll_dispatch<true, kBothParts, kOneRankTable>)}) {
     if (err == cudaSuccess) {
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
     }
   }
   cudaFuncAttributes attrs;
-  for (const void* kernel : {reinterpret_cast<const void*>(ll_dispatch<false, kRecvPart>),
-                             reinterpret_cast<const void*>(ll_dispatch<true, kRecvPart>),
-                             reinterpret_cast<const void*>(ll_dispatch<false, kBothParts, kOneRankQueries>),
-                             reinterpret_cast<const void*>(ll_dispatch<true, kBothParts, kOneRankQueries>),
-                             reinterpret_cast<const void*>(ll_combine<kSendPart>),
-                             reinterpret_cast<const void*>(ll_combine<kRecvPart>),
-                             reinterpret_cast<const void*>(ll_combine<kBothParts>)}) {
+  for (const void* kernel : {address(ll_dispatch<false, kRecvPart>),
+                             address(ll_dispatch<true, kRecvPart>),
+                             address(ll_dispatch<false, kBothParts, kOneRankQueries>),
+                             address(ll_dispatch<true, kBothParts, kOneRankQueries>),
+                             address(ll_combine<kSendPart>),
+                             address(ll_combine<kRecvPart>),
+                             address(ll_combine<kBothParts>)}) {
     if (err == cudaSuccess) err = cudaFuncGetAttributes(&attrs, kernel);
   }
   return err;
