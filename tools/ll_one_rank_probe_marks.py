@@ -2,8 +2,9 @@
 
 For tools/ll_one_rank_probe.cu built with -DLL_PROBE: thread 0 of every block
 stores clock64() at six points of ll_dispatch's one-rank path (0: its start,
-1-4: see ANCHORS, 5: the end) and %globaltimer at the start and the end. Without -DLL_PROBE the marks compile to nothing. Not
-part of the library; each anchor must occur exactly once, or this fails.
+1-4: see ANCHORS, 5: the end) and %globaltimer at the start and the end.
+Without -DLL_PROBE the marks compile to nothing. Not part of the library; each
+anchor must occur exactly once, or this fails.
 """
 
 from __future__ import annotations
