@@ -257,6 +257,29 @@ size_t DispatchSendSmem(int num_tokens, const EpDims& d) {
                         2 * static_cast<size_t>(d.num_experts));
 }
 
+// Token t's entries into kSlots registers (-1 past K), by int4 loads where
+// vector_idx (K a multiple of 4, topk_idx 16-byte aligned).
+template <int kSlots>
+__device__ __forceinline__ void load_token_entries(const int32_t* topk_idx, int t, int num_topk,
+                                                   bool vector_idx, int (&entries)[kSlots]) {
+  static_assert(kSlots % 4 == 0, "whole int4 loads");
+  const int32_t* token_idx = topk_idx + static_cast<size_t>(t) * num_topk;
+  if (vector_idx) {
+#pragma unroll
+    for (int q = 0; q < kSlots / 4; ++q) {
+      const int4 four = 4 * q < num_topk ? __ldg(reinterpret_cast<const int4*>(token_idx) + q)
+                                         : make_int4(-1, -1, -1, -1);
+      entries[4 * q] = four.x;
+      entries[4 * q + 1] = four.y;
+      entries[4 * q + 2] = four.z;
+      entries[4 * q + 3] = four.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) entries[k] = k < num_topk ? __ldg(token_idx + k) : -1;
+  }
+}
+
 // 1. Routing of all tokens (every block of a dispatch's send part), one
 //    thread per token with its K entries in registers (a token's repeats are
 //    found there, not by reloading them): which (token, expert) pairs are
@@ -276,23 +299,7 @@ __device__ __forceinline__ void route_tokens(const EpDims& d, const LlDispatchAr
   const bool vector_idx =
       num_topk % 4 == 0 && (reinterpret_cast<uintptr_t>(topk_idx) & 15u) == 0;
   int entries[kMaxTopk];
-  auto load_entries = [&](int t) {
-    const int32_t* token_idx = topk_idx + static_cast<size_t>(t) * num_topk;
-    if (vector_idx) {
-#pragma unroll
-      for (int q = 0; q < kMaxTopk / 4; ++q) {
-        const int4 four = 4 * q < num_topk ? __ldg(reinterpret_cast<const int4*>(token_idx) + q)
-                                           : make_int4(-1, -1, -1, -1);
-        entries[4 * q] = four.x;
-        entries[4 * q + 1] = four.y;
-        entries[4 * q + 2] = four.z;
-        entries[4 * q + 3] = four.w;
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < kMaxTopk; ++k) entries[k] = k < num_topk ? __ldg(token_idx + k) : -1;
-    }
-  };
+  auto load_entries = [&](int t) { load_token_entries(topk_idx, t, num_topk, vector_idx, entries); };
   if (static_cast<int>(threadIdx.x) < num_tokens) load_entries(threadIdx.x);
   for (int i = threadIdx.x; i < 2 * d.num_experts; i += blockDim.x) rows_per_expert[i] = 0;
   if (threadIdx.x == 0) *s_invalid = 0;
@@ -621,25 +628,7 @@ __device__ __forceinline__ void load_query_entries(const int32_t* topk_idx, int 
                                                    int (&entries)[kQueryTopk]) {
 #pragma unroll
   for (int k = 0; k < kQueryTopk; ++k) entries[k] = -1;
-  if (t >= num_tokens) return;
-  const int32_t* token_idx = topk_idx + static_cast<size_t>(t) * num_topk;
-  if (vector_idx) {
-#pragma unroll
-    for (int q = 0; q < kQueryTopk / 4; ++q) {
-      if (4 * q < num_topk) {
-        const int4 four = __ldg(reinterpret_cast<const int4*>(token_idx) + q);
-        entries[4 * q] = four.x;
-        entries[4 * q + 1] = four.y;
-        entries[4 * q + 2] = four.z;
-        entries[4 * q + 3] = four.w;
-      }
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < kQueryTopk; ++k) {
-      if (k < num_topk) entries[k] = __ldg(token_idx + k);
-    }
-  }
+  if (t < num_tokens) load_token_entries(topk_idx, t, num_topk, vector_idx, entries);
 }
 
 // The entries a token keeps: valid and the first naming their expert; -1 else.
