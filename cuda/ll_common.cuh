@@ -162,6 +162,26 @@ __device__ __forceinline__ uint32_t ll_wait(const LlContext& ctx, const int* s_m
   return arrived && flag_seq(value) == seq ? flag_value(value) : kFlagTimedOut;
 }
 
+// The combines' reuse credit (the buffer-reuse rule in ll_kernels.cu): block 0
+// of a combine's receive part waits for one flag of this call from every
+// unmasked peer q, the flag at flags[q * stride] (a flag q sets on every rank
+// in each call, whatever the routing). q sets it in its send part of this
+// call, so after its receive of the call before; this rank's next combine, of
+// the other parity, ends only after this wait, so no peer can write this
+// call's parity again (two calls later) before this rank has read it, even a
+// peer from which this rank needs no row. A timeout is a fault as any other
+// (recorded by ll_wait); the results already written stay valid. Every thread
+// of block 0 calls it after the receive part's last barrier.
+__device__ __forceinline__ void wait_reuse_credits(const LlContext& ctx, const int* s_masked,
+                                                   const uint64_t* flags, int stride,
+                                                   uint32_t seq, uint32_t op) {
+  if (blockIdx.x != 0) return;
+  for (int q = threadIdx.x; q < ctx.dims.num_ranks; q += blockDim.x) {
+    if (q != ctx.dims.rank) ll_wait(ctx, s_masked, flags + static_cast<size_t>(q) * stride, seq,
+                                    op, q, 0);
+  }
+}
+
 // Whether a wait that returned kFlagTimedOut lost data (a fault: the call's
 // results are void) rather than skipped a masked peer (called only then).
 __device__ __forceinline__ bool wait_lost(const LlContext& ctx, const int* s_masked, int peer) {

@@ -75,6 +75,10 @@
 //      i the place of s*T + t in recv_src[le][0 .. count), which ascends
 //      (binary search; not there, as after a faulted dispatch: the token's
 //      result is void, NaN).
+//   7. Reuse credit: once its tokens are done, block 0 also waits for
+//      combine_flags[p][q*E_local] = seq (peer q's local expert 0, set by q's
+//      step 5 on every rank) from every unmasked peer q, needed or not
+//      (ll_common.cuh wait_reuse_credits; why: the reuse rule below).
 //
 // One rank (R = 1), one-call ops: the dispatch's sender writes the results
 // itself (no messages, flags or receive part) and the combine has no send
@@ -117,9 +121,19 @@
 //
 // Why no resets of flags or buffers: flags carry the call's sequence number
 // (device_common.cuh), and buffers (dispatch_tokens too) alternate by parity.
-// A peer can write parity p again only two calls later, and it can get there
-// only after it received this rank's data of the call in between, which this
-// rank sends after finishing with parity p.
+// The reuse rule: a peer q writes this rank's parity p of an op kind again
+// only in call n+2, and each call's receive waits for a flag of that call
+// from every unmasked peer, whatever the routing: q's call n+2 starts after
+// q's receive of call n+1 (stream order; a split send waits for its recv
+// before the next send, or it is a protocol fault), which waited for this
+// rank's flag of call n+1, set in this rank's send of call n+1, after this
+// rank's receive of call n read parity p. The dispatch's receive waits for
+// every (expert, source) flag (step 4); the combine's waits only for its
+// tokens' experts (step 6), so it waits for one flag per peer besides (step
+// 7). Without step 7 a rank whose tokens all stay on its own experts waits
+// for no peer in a combine: under jax.grad, where XLA may run three combines
+// back to back, it wrote a peer's parity-p flag of call n+2 while that peer
+// still waited for call n's (f521f4f, all tokens on one rank's experts).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -1310,6 +1324,8 @@ __device__ __forceinline__ void combine_recv_part(const LlContext& ctx, uint32_t
     }
     __syncthreads();  // s_expert/s_weight are rewritten for the next token
   }
+  // Peers' flags of their local expert 0: the reuse credit (step 7).
+  wait_reuse_credits(ctx, s_masked, flags, d.experts_per_rank, seq, kOpLlCombine);
 }
 
 template <int kParts>

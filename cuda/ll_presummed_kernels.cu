@@ -39,14 +39,19 @@
 //      carry seq for each, then out[t] = bf16(the fp32 sum from +0.0, in rank
 //      order, of f32(row r*T_ll + t of combine_recv[p])). A token with no such
 //      rank gets +0.0.
+//   5. Reuse credit: once its tokens are done, block 0 also waits for
+//      combine_flags[p][q] = seq from every unmasked peer q, needed or not
+//      (ll_common.cuh wait_reuse_credits; the reuse rule of ll_kernels.cu).
 //
 // Faults: a wait that times out records the fault (device_common.cuh) and the
 // token's row is NaN; with mask_on_timeout the rank is masked instead and
 // contributes nothing. Masked ranks (ctx.masked): neither sent to nor waited
 // for, as in ll_kernels.cu.
 // Why no resets of flags or buffers: as in ll_kernels.cu (flags carry seq,
-// buffers alternate by parity, and seq counts the calls of both combines);
-// done[s] is reset by its last arriver within the call.
+// buffers alternate by parity under its reuse rule, and seq counts the calls
+// of both combines, so the rule spans them: a call of either kind waits for
+// a flag of every peer, step 5 here, step 7 there); done[s] is reset by its
+// last arriver within the call.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -351,6 +356,8 @@ __device__ __forceinline__ void presummed_recv_part(const LlContext& ctx, uint32
     }
     __syncthreads();  // s_owner / s_ranks are rewritten for the next token
   }
+  // Every peer's flag of this call: the reuse credit (step 5).
+  wait_reuse_credits(ctx, s_masked, flags, 1, seq, kOpLlCombine);
 }
 
 template <int kParts>
