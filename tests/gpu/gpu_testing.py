@@ -227,6 +227,37 @@ def global_routing(gen: np.random.Generator, lead: tuple[int, ...], num_tokens: 
   return idx
 
 
+# Routings of the gradient tests: random top-k, or every token of every rank on
+# one rank's experts (rank 0 or the last), where that rank's tokens all stay
+# home and the others send everything to it (issue 30: a rank that needs no
+# peer's rows must still not lap its peers).
+GRAD_ROUTINGS = ("random", "all_to_rank_0", "all_to_last_rank")
+
+
+def one_rank_routing(gen: np.random.Generator, lead: tuple[int, ...], num_tokens: int,
+                     num_topk: int, num_experts: int, num_ranks_: int, owner: int,
+                     none_fraction: float = 0.15) -> np.ndarray:
+  """int32[*lead, T, K]: every token's experts among rank ``owner``'s
+  (distinct, min(K, E_local) of them, the rest -1), entries -1 with
+  probability ``none_fraction`` besides."""
+  per_rank = num_experts // num_ranks_
+  keys = gen.random(lead + (num_tokens, per_rank), dtype=np.float32)
+  picked = np.argsort(keys, axis=-1)[..., :num_topk].astype(np.int32) + owner * per_rank
+  idx = np.full(lead + (num_tokens, num_topk), -1, np.int32)
+  idx[..., :picked.shape[-1]] = picked
+  idx[gen.random(idx.shape) < none_fraction] = -1
+  return idx
+
+
+def grad_routing(name: str, gen: np.random.Generator, lead: tuple[int, ...], num_tokens: int,
+                 num_topk: int, num_experts: int) -> np.ndarray:
+  """The GRAD_ROUTINGS entry ``name`` as int32[*lead, T, K] (lead = (R,))."""
+  if name == "random":
+    return global_routing(gen, lead, num_tokens, num_topk, num_experts)
+  owner = {"all_to_rank_0": 0, "all_to_last_rank": num_ranks() - 1}[name]
+  return one_rank_routing(gen, lead, num_tokens, num_topk, num_experts, num_ranks(), owner)
+
+
 def routing(gen: np.random.Generator, num_tokens: int, num_topk: int, num_experts: int,
             none_fraction: float = 0.1) -> np.ndarray:
   """int32[T, K] for one rank (tests/gpu_faults build per-rank inputs)."""

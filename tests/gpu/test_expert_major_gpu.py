@@ -14,8 +14,8 @@ import pytest
 
 import jax_ep
 from jax_ep import host_reference as hr
-from gpu_testing import (BF16, F32, assert_bitwise, dyadic_weights, global_routing, mine,
-                         num_ranks, rng, rows, run, setup)
+from gpu_testing import (BF16, F32, GRAD_ROUTINGS, assert_bitwise, dyadic_weights, grad_routing,
+                         mine, num_ranks, rng, rows, run, setup)
 
 SHAPES = [  # (E, K, T, T_local, H, A)
     (16, 4, 64, 48, 256, 1),
@@ -36,13 +36,14 @@ def _experts(e: int) -> int:
   return -(-max(e, r) // r) * r
 
 
-def _inputs(seed, e, k, t_local, h):
+def _inputs(seed, e, k, t_local, h, routing_name="random"):
   gen = rng(seed)
   r = num_ranks()
   x = rows(gen, (r, t_local, h))
-  idx = global_routing(gen, (r,), t_local, k, e)
+  idx = grad_routing(routing_name, gen, (r,), t_local, k, e)
   idx[:, 1, 0] = -7                                   # invalid: counted, never used
-  idx[:, 2, 1] = idx[:, 2, 0] = np.arange(r) % e      # one expert named twice: one pair
+  # One expert named twice: one pair (on the routing's own ranks).
+  idx[:, 2, 1] = idx[:, 2, 0] = np.arange(r) % e if routing_name == "random" else idx[:, 2, 0]
   return gen, x, idx, dyadic_weights(gen, (r, t_local, k))
 
 
@@ -110,11 +111,13 @@ def test_expert_major_fp8_pairs():
   _assert_dispatch(d, mine(hr.ht_dispatch_expert_major((q, s), idx, w, config, alignment=8)))
 
 
-def test_expert_major_gradients_match_host_vjps():
-  """jax.vjp of both ops on random cotangents, bitwise with the host VJPs."""
+@pytest.mark.parametrize("routing_name", GRAD_ROUTINGS)
+def test_expert_major_gradients_match_host_vjps(routing_name):
+  """jax.vjp of both ops on random cotangents, bitwise with the host VJPs, on
+  random routing and with every token on one rank's experts."""
   e, k, t, h, alignment = _experts(32), 4, 64, 512, 8
   config, mesh = _setup(e, k, t, h)
-  gen, x, idx, w = _inputs(870, e, k, t, h)
+  gen, x, idx, w = _inputs(870, e, k, t, h, routing_name)
   m = hr.expert_major_rows(config, num_ranks(), alignment)
   r = num_ranks()
   g = rows(gen, (r, t, h))

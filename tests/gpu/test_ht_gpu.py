@@ -13,8 +13,9 @@ import pytest
 
 import jax_ep
 from jax_ep import host_reference as hr
-from gpu_testing import (BF16, F32, assert_bitwise, bf16_accumulated, bits, dyadic_weights,
-                         global_routing, mine, num_ranks, rank, rng, rows, run, setup, weights)
+from gpu_testing import (BF16, F32, GRAD_ROUTINGS, assert_bitwise, bf16_accumulated, bits,
+                         dyadic_weights, global_routing, grad_routing, mine, num_ranks, rank, rng,
+                         rows, run, setup, weights)
 
 SHAPES = [  # (E, K, T, T_local, H)
     (16, 4, 64, 48, 256),
@@ -171,9 +172,14 @@ GRAD_SHAPES = [  # (E, K, T, H): K = 1 makes combine's backward run with R > K a
 ]
 
 
+# Every routing on the first shape, the random one on the others.
+GRAD_CASES = ([(GRAD_SHAPES[0], name) for name in GRAD_ROUTINGS] +
+              [(shape, "random") for shape in GRAD_SHAPES[1:]])
+
+
 @pytest.mark.parametrize("wrt", ["x", "x_and_topk_weights"])
-@pytest.mark.parametrize("shape", GRAD_SHAPES)
-def test_ht_gradients_match_host_oracle(shape, wrt):
+@pytest.mark.parametrize("shape,routing_name", GRAD_CASES)
+def test_ht_gradients_match_host_oracle(shape, routing_name, wrt):
   """jax.grad of dispatch -> _expert -> combine w.r.t. x, or x and topk_weights
   (dispatch's weight cotangent takes a combine of float32 [C, K] values).
 
@@ -188,6 +194,8 @@ def test_ht_gradients_match_host_oracle(shape, wrt):
     of bf16 numbers (exact in float32) summed in float32 in an unspecified
     order: within hr.f32_sum_bound (gamma_{H-1} * sum |terms|); the moves
     after it are exact (one nonzero term per entry).
+  With every token on one rank's experts (gpu_testing.GRAD_ROUTINGS), the
+  other ranks receive no rows and that rank sends none.
   """
   e, k, t, h = shape
   e = _experts(e)
@@ -195,10 +203,10 @@ def test_ht_gradients_match_host_oracle(shape, wrt):
   r = num_ranks()
   gen = rng(900 + k)
   x = rows(gen, (r, t, h))
-  idx = global_routing(gen, (r,), t, k, e)
+  idx = grad_routing(routing_name, gen, (r,), t, k, e)
   idx[:, 0, 0] = e + 1  # invalid: no gradient
-  if k > 1:
-    idx[:, 1, 1] = idx[:, 1, 0] = np.arange(r) % e
+  if k > 1:  # one expert named twice (on the routing's own ranks)
+    idx[:, 1, 1] = idx[:, 1, 0] = np.arange(r) % e if routing_name == "random" else idx[:, 1, 0]
   w = dyadic_weights(gen, (r, t, k))
   cot = gen.standard_normal((r, t, h), dtype=np.float32)
 

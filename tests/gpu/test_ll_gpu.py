@@ -13,9 +13,9 @@ import pytest
 
 import jax_ep
 from jax_ep import host_reference as hr
-from gpu_testing import (BF16, F32, ON_CPU, assert_bitwise, assert_within_ulp, bf16_accumulated,
-                         bits, dyadic_weights, global_routing, mine, num_ranks, rng, rows, run,
-                         weights)
+from gpu_testing import (BF16, F32, GRAD_ROUTINGS, ON_CPU, assert_bitwise, assert_within_ulp,
+                         bf16_accumulated, bits, dyadic_weights, global_routing, grad_routing,
+                         mine, num_ranks, rng, rows, run, weights)
 from ll_testing import experts, expert, host_expert, host_scale, ll_setup, valid_rows
 
 SHAPES = [  # (E, K, T_ll, T_local, H)
@@ -113,11 +113,14 @@ GRAD_SHAPES = [  # (E, K, T_ll, T_local, H)
     (16, 4, 16, 13, 256),
     (64, 8, 32, 32, 7168),
 ]
+# Every routing on the small shape, the random one on the large.
+GRAD_CASES = ([(GRAD_SHAPES[0], name) for name in GRAD_ROUTINGS] +
+              [(GRAD_SHAPES[1], "random")])
 
 
 @pytest.mark.parametrize("weights_at", ["combine", "dispatch"])
-@pytest.mark.parametrize("shape", GRAD_SHAPES)
-def test_ll_gradients_match_host_oracle(shape, weights_at):
+@pytest.mark.parametrize("shape,routing_name", GRAD_CASES)
+def test_ll_gradients_match_host_oracle(shape, routing_name, weights_at):
   """jax.grad of low_latency_dispatch -> expert -> low_latency_combine w.r.t.
   x and topk_weights, the weights given to the combine or to the dispatch
   (the pre-summed combine: the same derivatives, its roundings taken as
@@ -134,6 +137,9 @@ def test_ll_gradients_match_host_oracle(shape, weights_at):
   * grad_w[t, k] = sum_h f32(ct[t, h]) * f32(y row of (t, e_k))[h]: products of
     bf16 numbers (exact in float32) summed in float32 in an unspecified order,
     within hr.f32_sum_bound (gamma_{H-1} * sum |terms|).
+  With every token on one rank's experts (gpu_testing.GRAD_ROUTINGS), that
+  rank needs no peer's rows in any combine, and XLA may run the three
+  combines of the gradient back to back (the forward's result is unused).
   """
   e, k, t_ll, t_local, h = shape
   e = experts(e)
@@ -141,9 +147,10 @@ def test_ll_gradients_match_host_oracle(shape, weights_at):
   r = num_ranks()
   gen = rng(300 + e)
   x = rows(gen, (r, t_local, h))
-  idx = global_routing(gen, (r,), t_local, k, e)
+  idx = grad_routing(routing_name, gen, (r,), t_local, k, e)
   idx[:, 0, 0] = -5  # invalid: no gradient
-  idx[:, 1, 1] = idx[:, 1, 0] = np.arange(r) % e
+  # One expert named twice: one row (on the routing's own ranks).
+  idx[:, 1, 1] = idx[:, 1, 0] = np.arange(r) % e if routing_name == "random" else idx[:, 1, 0]
   w = dyadic_weights(gen, (r, t_local, k))
   cot = gen.standard_normal((r, t_local, h), dtype=np.float32)
 
