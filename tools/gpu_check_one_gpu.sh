@@ -40,12 +40,18 @@ one_gpu_run() {
 
 LONG_TESTS="1000_calls or 10000_calls"
 
+# ONE_GPU_CMDBUF: the XLA command-buffer settings the suite runs under (default "on off").
 one_gpu_suite() {  # N: the suite without the long tests, command buffers on and off
-  local n=$1
-  one_gpu_run "suite_n${n}_cmdbuf_on" "$n" tests/gpu "not ($LONG_TESTS)" "" \
-      XLA_FLAGS="${XLA_FLAGS:-}"
-  one_gpu_run "suite_n${n}_cmdbuf_off" "$n" tests/gpu "not ($LONG_TESTS)" "" \
-      XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
+  local n=$1 cmdbuf
+  for cmdbuf in ${ONE_GPU_CMDBUF:-on off}; do
+    if [[ $cmdbuf == on ]]; then
+      one_gpu_run "suite_n${n}_cmdbuf_on" "$n" tests/gpu "not ($LONG_TESTS)" "" \
+          XLA_FLAGS="${XLA_FLAGS:-}"
+    else
+      one_gpu_run "suite_n${n}_cmdbuf_off" "$n" tests/gpu "not ($LONG_TESTS)" "" \
+          XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
+    fi
+  done
 }
 
 one_gpu_long() {  # the 1000- and 10,000-call tests, at N=2 with command buffers on
