@@ -18,6 +18,9 @@
 #       faults    tests/gpu_faults at N = 2, one launcher run per test, the
 #                 killed-process tests with --keep_going and
 #                 JAX_ENABLE_RECOVERABILITY=1
+#       fuzz      tests/gpu_fuzz/schedule_fuzz.py (random programs of jax_ep ops,
+#                 checked against the host oracle) at N = 2, 4, 8, FUZZ_BUDGET_S
+#                 (default 90) each; FUZZ_SEED (default: the clock)
 #       qp        jax_ep rebuilt against the carried NVSHMEM 3.8.0 (per-QP API,
 #                 tools/nvshmem_qp_bundle.sh), then the rdma LL suite at N = 2
 #                 (runs last: it replaces the build)

@@ -7,6 +7,11 @@
 # Uses from gpu_check.sh: PY, OUT, note, status.
 
 ONE_GPU_SUITE_TIMEOUT_S=${ONE_GPU_SUITE_TIMEOUT_S:-240}
+# The schedule fuzzer: its budget per N, and what its run's time limit adds to
+# it (start-up, the last program, one timed-out wait of SHARED_GPU_TIMEOUT_S =
+# 120 s in tests/gpu/gpu_testing.py, and the teardown).
+FUZZ_BUDGET_S=${FUZZ_BUDGET_S:-90}
+FUZZ_SLACK_S=${FUZZ_SLACK_S:-300}
 QP_BUNDLE=.carry/nvshmem-qp.tar.xz
 
 devices_for() {  # N -> "0,0,...,0"
@@ -97,6 +102,32 @@ one_gpu_faults() {
     fi
     grep -E "^\[rank 0\] (call with a peer|loop with rank|finalize with)" \
         "$OUT/faults_$fault.log" | sed 's/^\[rank 0\] /    /' | tee -a "$SUMMARY"
+  done
+}
+
+# tests/gpu_fuzz/schedule_fuzz.py at N = 2, 4, 8 (FUZZ_PROCESSES), FUZZ_BUDGET_S
+# each; FUZZ_SEED (default: the clock) picks the programs. Each program's seed
+# is in fuzz_n<N>.log; `schedule_fuzz.py --replay SEED` at the same N reruns it.
+one_gpu_fuzz() {
+  local seed=${FUZZ_SEED:-$(date +%s)} n log rc begin line
+  for n in ${FUZZ_PROCESSES:-2 4 8}; do
+    log="$OUT/fuzz_n${n}.log"
+    begin=$(date +%s)
+    timeout $(( FUZZ_BUDGET_S + FUZZ_SLACK_S )) "$PY" -m jax_ep.launch -n "$n" \
+        --devices "$(devices_for "$n")" tests/gpu_fuzz/schedule_fuzz.py \
+        --budget_s "$FUZZ_BUDGET_S" --seed "$seed" > "$log" 2>&1
+    rc=$?
+    line=$(grep -E "^\[rank 0\] schedule fuzz:" "$log" | tail -1)
+    note "$(printf '%-28s N=%d rc=%-3s %4ss  %s' "fuzz_n${n}" "$n" "$rc" \
+        "$(( $(date +%s) - begin ))" "${line#\[rank 0\] }")"
+    if [ "$rc" -ne 0 ]; then
+      status=1
+      grep -E "FAILED|stopped after|Error|Timeout|timed out" "$log" \
+          | grep -v "^\[rank [0-9]\] [IW]1" | cut -c1-400 | head -12
+      # No summary line: the program that did not finish is the last one printed.
+      [ -z "$line" ] && grep -E "^\[rank 0\] program [0-9]+ seed" "$log" | tail -1 | cut -c1-400 \
+          | sed 's/^\[rank 0\] /    unfinished: /' | tee -a "$SUMMARY"
+    fi
   done
 }
 
@@ -195,7 +226,7 @@ one_gpu_nvshmem4py() {  # needs the nvshmem4py-cu13 wheel carried in .whl (see b
 run_one_gpu() {
   local phases=("$@") phase
   if [[ ${#phases[@]} -eq 0 ]]; then
-    phases=(n1 n2 n4 n8 long rdma faults example ep1bench nvshmem4py)
+    phases=(n1 n2 n4 n8 long rdma faults fuzz example ep1bench nvshmem4py)
     [[ -f "$QP_BUNDLE" ]] && phases+=(qp)
   fi
   note "one GPU, several processes: correctness only"
@@ -208,6 +239,7 @@ run_one_gpu() {
       long) one_gpu_long ;;
       rdma) one_gpu_rdma ;;
       faults) one_gpu_faults ;;
+      fuzz) one_gpu_fuzz ;;
       example) one_gpu_example ;;
       ep1bench) one_gpu_ep1_bench ;;
       qp) one_gpu_qp ;;
