@@ -221,6 +221,18 @@ def _pad_columns(rows: jax.Array) -> jax.Array:
   return jnp.pad(rows, ((0, 0), (0, missing))) if missing else rows
 
 
+def _pad_scale_words(scales: jax.Array) -> jax.Array:
+  """[N, G] -> [N, G'] with G' * itemsize a multiple of 4 bytes: the HT dispatch
+  kernel moves scale rows as 4-byte words, so float8_e8m0fnu scales of a hidden
+  size that is not a multiple of 512 (G not a multiple of 4) travel with zero
+  bytes appended (cut off again after the kernel)."""
+  if scales.dtype.itemsize != 1 or scales.shape[1] % 4 == 0:  # float32: whole words
+    return scales
+  raw = jax.lax.bitcast_convert_type(scales, jnp.uint8)
+  padded = jnp.pad(raw, ((0, 0), (0, -scales.shape[1] % 4)))
+  return jax.lax.bitcast_convert_type(padded, scales.dtype)
+
+
 class CudaBackend(XlaBackend):
   """The kernels where they apply; the portable path, announced, elsewhere."""
 
@@ -244,6 +256,8 @@ class CudaBackend(XlaBackend):
     x = payloads[0]
     num_tokens = x.shape[0]
     scales = payloads[1] if len(payloads) == 2 else jnp.zeros((num_tokens, 0), F32)
+    scale_columns = scales.shape[1]
+    scales = _pad_scale_words(scales)
     k = config.num_topk
     results = (result_type((capacity, config.hidden), x.dtype, x),
                result_type((capacity,) + scales.shape[1:], scales.dtype, x),
@@ -258,6 +272,7 @@ class CudaBackend(XlaBackend):
                                  config=config_attr(config, num_ranks))
     handle = DispatchHandle(recv_src=recv_src, send_row=send_row, num_tokens=num_kept,
                             config=config)
+    out_scales = out_scales[:, :scale_columns]
     return DispatchResult(x=out_x, scales=out_scales if len(payloads) == 2 else None,
                           topk_idx=out_idx, topk_weights=out_w, num_tokens=num_kept,
                           tokens_per_expert=tokens_per_expert, num_dropped=num_dropped,
