@@ -12,8 +12,9 @@ over "expert" (EpConfig(axis_name="expert")); every coordinate of "data" is an
 EP group of its own. --data 1 (the default) puts every device on the EP axis.
 
 It prints the setup, then every --log_every steps the loss, tokens/s, the
-pairs each expert received (summed over ranks) and the dropped pairs, and
-writes a PNG of the loss curve and the experts' load (--plot). Two checks end
+pairs each expert received (summed over ranks) and the dropped pairs; with
+--plot PATH it writes a PNG of the loss curve and the experts' load there (it
+writes no file unless asked). Two checks end
 it with OK (exit 0), or MISMATCH / NO LEARNING (exit 1):
   * dense: the first --check_steps steps, in float32, against the same model
     whose MoE FFNs run densely (every expert on every token, then the top-k mix
@@ -59,7 +60,6 @@ from _kernels import jax_ep_custom_calls, missing_kernels  # noqa: E402
 import markov_task  # noqa: E402
 import moe_transformer_check as check  # noqa: E402
 import moe_transformer_model as model  # noqa: E402
-import moe_transformer_plot  # noqa: E402
 from moe_transformer_step import (BATCH_AXES, make_optimizer, make_train_step, place,  # noqa: E402
                                   to_host)
 
@@ -109,7 +109,7 @@ class Args:
   aux_loss_weight: float
   dtype: str
   seed: int
-  plot: str
+  plot: str | None
 
 
 def parse_args(argv: list[str], platform: str) -> Args:
@@ -132,7 +132,9 @@ def parse_args(argv: list[str], platform: str) -> Args:
   parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                       help="compute dtype of training (the dense check runs float32)")
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--plot", default="moe_transformer.png", help="PNG to write ('': none)")
+  parser.add_argument("--plot", default=None, metavar="PATH",
+                      help="write a PNG of the loss curve and the experts' load here "
+                           "(default: no file)")
   ns = vars(parser.parse_args(argv))
   preset = ns["preset"] if ns["preset"] != "auto" else ("gpu" if platform == "gpu" else "small")
   for name, value in PRESETS[preset].items():
@@ -275,6 +277,7 @@ def main(argv: list[str]) -> None:
       f"{losses[0]:.4f}); must be below {threshold:.4f}, the midpoint between the entropy rate "
       f"and the unigram entropy; {dropped} pairs dropped in all")
   if args.plot and jax.process_index() == 0:
+    import moe_transformer_plot  # pylint: disable=import-outside-toplevel  # matplotlib: if asked
     moe_transformer_plot.write_png(
         args.plot, losses, load_steps, loads, entropy_rate=task.entropy_rate,
         unigram_entropy=task.unigram_entropy,

@@ -95,15 +95,47 @@ def _int64_without_x64(topk_idx, op: str) -> np.ndarray:
   return values.astype(np.int32)
 
 
+def result_weights_shapes(num_topk: int) -> str:
+  """The two layouts' DispatchResult.topk_weights shapes, for error messages."""
+  return (f"DispatchResult.topk_weights is float32[C, {num_topk}] in the token-major layout "
+          "(per received row and top-k entry) and float32[M] in the expert-major one (one "
+          "weight per pair row)")
+
+
 def topk_weights(weights: jax.Array, num_tokens: int, config: EpConfig, op: str) -> jax.Array:
   """Checks float [T_local, K] weights; returns them as float32."""
   if weights.shape != (num_tokens, config.num_topk):
+    # The likely mix-up: a dispatch's result's weights, whose shape depends on
+    # the layout, where this rank's routing weights belong.
     raise EpConfigError(
-        f"jax_ep.{op}: topk_weights must be [{num_tokens}, {config.num_topk}], "
-        f"got {weights.shape}")
+        f"jax_ep.{op}: topk_weights must be [{num_tokens}, {config.num_topk}] (tokens, "
+        f"num_topk), this rank's routing weights, one per topk_idx entry; got "
+        f"{weights.shape}. A dispatch's result holds other shapes, which do not apply here: "
+        f"{result_weights_shapes(config.num_topk)}")
   if not jnp.issubdtype(weights.dtype, jnp.floating):
     raise EpConfigError(f"jax_ep.{op}: topk_weights must be floating, got {weights.dtype}")
   return weights.astype(jnp.float32)
+
+
+def combine_rows(y: jax.Array, rows: int, expert_major_layout: bool, config: EpConfig,
+                 op: str) -> None:
+  """Checks an HT combine's y: [C, H] (token-major) or [M, H] (expert-major), rows =
+  the handle's. y holds weighted rows, so a wrong shape often comes from weighting
+  with the other layout's topk_weights: the message says which shape applies."""
+  if y.ndim == 2 and y.shape == (rows, config.hidden):
+    return
+  if expert_major_layout:
+    which = (f"this handle is expert-major: y is [M, H] = [{rows}, {config.hidden}], one row "
+             f"per pair row, and d.topk_weights is float32[M] = [{rows}] "
+             "(weight with y * d.topk_weights[:, None])")
+  else:
+    which = (f"this handle is token-major: y is [C, H] = [{rows}, {config.hidden}], one row "
+             f"per received row, and d.topk_weights is float32[C, K] = [{rows}, "
+             f"{config.num_topk}] (weight each local expert's output by its k entry and sum "
+             "over k into the row)")
+  raise EpConfigError(
+      f"jax_ep.{op}: y must be [{rows}, {config.hidden}] (the dispatch's rows), got {y.shape}; "
+      f"{which}. {result_weights_shapes(config.num_topk)}")
 
 
 def fp8_pair(x, config: EpConfig, op: str) -> int:

@@ -14,11 +14,12 @@ from jax_ep import expert_major
 from jax_ep._op_support import _Static, _check_handle, _is_zero, _prepare, _primal, _varying
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError, EpError
-from jax_ep.types import DispatchHandle, DispatchResult, ExpertMajorHandle
+from jax_ep.types import (DispatchHandle, DispatchInput, DispatchLayoutCounts, DispatchResult,
+                          ExpertMajorHandle)
 
 
 # ====================================================================== layout
-def get_dispatch_layout(topk_idx: jax.Array, *, config: EpConfig):
+def get_dispatch_layout(topk_idx: jax.Array, *, config: EpConfig) -> DispatchLayoutCounts:
   """Counts of this rank's routing, as a dispatch would send it.
 
   Args:
@@ -40,7 +41,7 @@ def get_dispatch_layout(topk_idx: jax.Array, *, config: EpConfig):
 
 
 # ====================================================================== HT dispatch
-def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfig,
+def dispatch(x: DispatchInput, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfig,
              capacity: int | None = None, layout: str = "token_major",
              expert_alignment: int = 1) -> DispatchResult:
   """Sends each token once to every rank holding one of its top-k experts.
@@ -53,7 +54,8 @@ def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfi
   Args:
     x: [T_local, H] bfloat16/float16/float32 rows, or a pair
       ``(float8_e4m3fn[T_local, H], scales[T_local, H/128])`` (float32 or
-      float8_e8m0fnu scales, see jax_ep.fp8.quantize) for an FP8 dispatch.
+      float8_e8m0fnu scales, see jax_ep.fp8.quantize) for an FP8 dispatch
+      (jax_ep.types.DispatchInput).
     topk_idx: int32 [T_local, K] in [-1, E); -1 = no expert. Other values are
       treated as -1 and counted in ``num_invalid`` (int64 with jax_enable_x64,
       see the module docstring).
@@ -69,7 +71,9 @@ def dispatch(x, topk_idx: jax.Array, topk_weights: jax.Array, *, config: EpConfi
     expert_alignment: A >= 1 (expert-major only): every group's row count
       (``group_sizes``) is a multiple of A, e.g. 128 for grouped-GEMM tiles.
   Returns:
-    DispatchResult (see jax_ep.types).
+    DispatchResult (see jax_ep.types). Its ``topk_weights`` has the layout's
+    shape: float32[C, K] token-major (each received row's K weights, 0 where
+    the expert lives elsewhere), float32[M] expert-major (one per pair row).
   """
   if _other_axes.other_axes():
     return _other_axes.per_group(dispatch, x, topk_idx, topk_weights, config=config,
@@ -174,10 +178,12 @@ def combine(y: jax.Array, handle: DispatchHandle | ExpertMajorHandle, *,
 
   Args:
     y: bfloat16/float16/float32 rows computed from the dispatch's rows, weights
-      already applied by the caller (e.g. ``y * d.topk_weights[:, None]`` for
-      the expert-major layout); padding rows are ignored. Token-major
-      (a DispatchHandle): [C, H], row i from dispatch row i. Expert-major (an
-      ExpertMajorHandle): [M, H], one row per pair.
+      already applied by the caller; padding rows are ignored. Token-major
+      (a DispatchHandle): [C, H], row i from dispatch row i, with
+      d.topk_weights float32[C, K] (each local expert's output weighted by
+      its k entry, summed into the row). Expert-major (an
+      ExpertMajorHandle): [M, H], one row per pair, with d.topk_weights
+      float32[M] (``y * d.topk_weights[:, None]``).
     handle: DispatchResult.handle of the matching dispatch.
     config: the EpConfig given to initialize().
   Returns:
@@ -194,10 +200,7 @@ def combine(y: jax.Array, handle: DispatchHandle | ExpertMajorHandle, *,
   _check_handle(handle, (DispatchHandle, ExpertMajorHandle), config, op)
   expert_major_layout = isinstance(handle, ExpertMajorHandle)
   rows = (handle.pair_src if expert_major_layout else handle.recv_src).shape[0]
-  if y.ndim != 2 or y.shape != (rows, config.hidden):
-    raise EpConfigError(
-        f"jax_ep.{op}: y must be [{rows}, {config.hidden}] (the dispatch's rows), "
-        f"got {y.shape}")
+  _validate.combine_rows(y, rows, expert_major_layout, config, op)
   if not any(y.dtype == jnp.dtype(d) for d in _validate.ROW_DTYPES):
     raise EpConfigError(f"jax_ep.{op}: y dtype {y.dtype} is not supported; use bfloat16, "
                         "float16 or float32")

@@ -20,11 +20,12 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from typing import Sequence
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 ENV_LAUNCHED = "JAX_EP_LAUNCHED"
 ENV_RANK = "JAX_EP_RANK"
@@ -213,11 +214,42 @@ def run(command: list[str], num_processes: int, port: int = 0,
   return status if status >= 0 else 128 - status
 
 
+USAGE = "usage: python -m jax_ep.launch [flags] -n N (script.py | -m module) [args...]"
+# Asked for help: absl's own --help lives in its global FLAGS, which this
+# launcher does not parse (its flags are kept apart from the child's).
+_HELP_FLAGS = ("-h", "--help", "-?", "--helpfull", "--helpshort")
+
+
+def usage_text() -> str:
+  """The usage line, the module docstring and the launcher's flags."""
+  lines = [USAGE, "", (__doc__ or "").strip(), "", "flags:"]
+  seen = set()
+  for name in sorted(_FLAGS):
+    flag = _FLAGS[name]
+    if flag.name in seen or flag.name in ("flagfile", "undefok"):  # absl's, not ours
+      continue
+    seen.add(flag.name)
+    names = (f"-{flag.short_name}," if flag.short_name else "") + f"--{flag.name}"
+    default = "" if flag.default is None else f" (default: {flag.default})"
+    lines.append(textwrap.fill(f"{names}: {flag.help}{default}", width=80,
+                               initial_indent="  ", subsequent_indent="      "))
+  return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str]) -> None:
   own, command = _split_argv(list(argv))
-  _FLAGS(own)
+  if any(token in _HELP_FLAGS for token in own[1:]):
+    sys.stdout.write(usage_text())
+    sys.exit(0)
+  try:
+    _FLAGS(own)
+  except flags.Error as e:
+    # A bad flag is the caller's mistake: say so in one line, not a traceback.
+    sys.stderr.write(f"jax_ep.launch: {e}\n{USAGE}\n(--help lists the flags)\n")
+    sys.exit(2)
   if not command:
-    raise app.UsageError("usage: python -m jax_ep.launch -n N (script.py | -m module) [args...]")
+    sys.stderr.write(f"jax_ep.launch: no script or -m module given\n{USAGE}\n")
+    sys.exit(2)
   devices = ([int(d) for d in _FLAGS.devices.split(",")] if _FLAGS.devices else None)
   logging.info("launching %d processes: %s", _FLAGS.num_processes, " ".join(command))
   sys.exit(run(command, _FLAGS.num_processes, _FLAGS.port, devices, _FLAGS.kill_grace_s,

@@ -11,11 +11,23 @@ is ``src_rank * T_local + src_token``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, TypeAlias, Union
 
 import jax
 
 from jax_ep.config import EpConfig
+
+# An FP8 dispatch's rows (jax_ep.fp8.quantize): float8_e4m3fn [T_local, H] and
+# their per-128-channel scales [T_local, H/128], float32 or float8_e8m0fnu.
+Fp8Rows: TypeAlias = tuple[jax.Array, jax.Array]
+
+# What an HT dispatch takes as x: bfloat16/float16/float32 rows [T_local, H], or
+# an FP8 (rows, scales) pair.
+DispatchInput: TypeAlias = Union[jax.Array, Fp8Rows]
+
+# What get_dispatch_layout returns: (tokens_per_rank int32[R], tokens_per_expert
+# int32[E], is_token_in_rank bool[T_local, R]).
+DispatchLayoutCounts: TypeAlias = tuple[jax.Array, jax.Array, jax.Array]
 
 
 def _pytree(*, data: tuple[str, ...], meta: tuple[str, ...] = ()):
@@ -95,9 +107,13 @@ class DispatchResult:
     topk_idx: token-major int32[C, K]: the token's experts as local indices on
       this rank, -1 where the choice lives on another rank. Expert-major
       int32[M]: each pair's local expert, -1 on padding.
-    topk_weights: token-major float32[C, K], 0 where topk_idx is -1.
-      Expert-major float32[M]: each pair's weight (a token choosing an expert
-      twice is one pair with the sum of both weights), 0 on padding.
+    topk_weights: its shape depends on the layout. Token-major float32[C, K]:
+      each received row's K weights, 0 where topk_idx is -1 (weight each local
+      expert's output by its k entry before the combine). Expert-major
+      float32[M]: each pair's weight (a token choosing an expert twice is one
+      pair with the sum of both weights), 0 on padding (``y *
+      d.topk_weights[:, None]`` before the combine). Neither is the dispatch's
+      topk_weights input, float[T_local, K].
     num_tokens: int32[]: valid rows (expert-major: pair rows).
     tokens_per_expert: int32[E_local]: rows choosing each local expert
       (expert-major: pairs kept per local expert, before alignment).

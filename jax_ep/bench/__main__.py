@@ -1,9 +1,12 @@
 """python -m jax_ep.launch -n 2 -m jax_ep.bench --mode ll|ht [--out_dir DIR | --out FILE].
 
 Prints the results table (a system that failed is a FAILED row with its
-error) and writes the JSON: run settings, rows, machine, commit, date, versions
-and the command line (provenance.py). The exit status is 1 when any system
-failed, 0 otherwise.
+error; one whose time was not positive says "below noise": no time is printed
+that is not one) and writes the JSON: run settings, rows, machine, commit, date,
+versions and the command line (provenance.py). ``--plot PATH``: also a PNG of
+each op's time against its floor or the bare exchange (plot.py). The exit
+status is 1 when any system failed (or the plot asked for could not be
+written), 0 otherwise.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ flags.DEFINE_integer("seed", 0, "routing/data seed")
 flags.DEFINE_string("out_dir", None, "write the JSON here as <mode>_<date>_<commit>.json")
 flags.DEFINE_string("out", None, "write the JSON to exactly this file")
 flags.DEFINE_bool("sweep", False, "ht: also sweep tokens per rank 128..8192 (JSON + PNG)")
-flags.DEFINE_string("plot", None, "ht --sweep: write the plot PNG here")
+flags.DEFINE_string("plot", None, "write a PNG here: each op's time against its HBM floor (EP1) "
+                    "or the bare all_to_all (EP > 1), jax_ep/bench/plot.py; with ht --sweep, "
+                    "the sweep's plot goes here and that one to <PATH without .png>_ops.png")
 flags.DEFINE_bool("ragged", False, "ht: time only the ragged_all_to_all (MaxText) baseline "
                   "and the bare all_to_all")
 flags.DEFINE_bool("baselines", True, "also time the portable all_to_all paths "
@@ -52,6 +57,17 @@ _RAGGED_FLAG = "--xla_gpu_allow_ragged_all_to_all_nccl_send_recv_fallback=true"
 def file_mode() -> str:
   """The <mode> part of the JSON's name: ll, ht, or ht-ragged."""
   return "ht-ragged" if FLAGS.mode == "ht" and FLAGS.ragged else FLAGS.mode
+
+
+def ops_plot_path() -> str | None:
+  """Where --plot's chart of the ops goes (the sweep's plot keeps --plot's path, as
+  tools/gpu_check.sh expects)."""
+  if not FLAGS.plot:
+    return None
+  if FLAGS.mode == "ht" and FLAGS.sweep:
+    root, ext = os.path.splitext(FLAGS.plot)
+    return f"{root}_ops{ext or '.png'}"
+  return FLAGS.plot
 
 
 def main(argv) -> int:
@@ -103,9 +119,21 @@ def main(argv) -> int:
       print(f"timeline (rank 0, per call): {label}: {gpu_timeline.format_summary(summary)}")
     for point in meta.get("sm_sweep", []):
       print(f"SM budget {point['num_sms']}: " + ", ".join(
-          f"{k}: {v:.1f} us" if v is not None else f"{k}: FAILED" for k, v in point["us"].items()))
+          f"{k}: {v:.1f} us" if v is not None else
+          f"{k}: FAILED" if k in point["errors"] else f"{k}: below noise"
+          for k, v in point["us"].items()))
     if path:
       print(f"results: {path}")
+    chart = ops_plot_path()
+    if chart:
+      from jax_ep.bench import plot  # pylint: disable=import-outside-toplevel
+      try:
+        plot.plot_run(payload, chart)
+        print(f"plot: {chart}")
+      except Exception as e:  # pylint: disable=broad-except
+        # After the JSON and the table: a plot that cannot be drawn loses no number.
+        print(f"bench: plot FAILED: {type(e).__name__}: {e}")
+        failed = True
     if failed:
       print("bench: at least one system FAILED (see the table / the JSON's rows)")
   jax_ep.finalize()

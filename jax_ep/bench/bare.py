@@ -13,12 +13,14 @@ import jax
 import numpy as np
 
 import jax_ep
+from jax_ep.bench import timing
 
 
-def inputs(x: np.ndarray, num_ranks: int, fp8: bool) -> list[np.ndarray]:
-  """This rank's [R*T, H] buffer (its T rows once per destination), bf16 or
-  FP8 (rows float8_e4m3fn [R*T, H], scales float32 [R*T, H/128])."""
-  tiled = np.tile(x, (num_ranks, 1))
+def inputs(x: np.ndarray, num_ranks: int, fp8: bool, ranks_here: int = 1) -> list[np.ndarray]:
+  """This process's [R*T, H] buffer per rank (each rank's T rows once per
+  destination), bf16 or FP8 (rows float8_e4m3fn, scales float32 [.., H/128]).
+  ``x``: bf16 [ranks_here * T, H], the process's ranks' rows one after the other."""
+  tiled = timing.per_rank(x, lambda part: np.tile(part, (num_ranks, 1)), ranks_here)
   if not fp8:
     return [tiled]
   return [np.asarray(a) for a in jax.jit(jax_ep.fp8.quantize)(tiled)]

@@ -27,10 +27,28 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_ep
-from jax_ep.bench import measure
+from jax_ep.bench import measure, timing
 from jax_ep.bench.results import Row, row_of
 
 SYSTEM = "XLA (HBM floor)"
+
+# The floor row (op name of this system) each op's time is read against at EP1
+# (plot.py): the plain-XLA pass that moves the op's bytes, or the one-kernel floor
+# for the calls that move none.
+FLOOR_OF = {
+    "LL dispatch FP8": "LL dispatch: row gather",
+    "LL dispatch BF16": "LL dispatch: row gather",
+    "LL combine BF16": "LL combine: sum of pair rows",
+    "LL combine BF16, pre-summed": "LL combine: sum of pair rows",
+    "LL dispatch, no rows": "one tiny kernel",
+    "LL combine, no rows": "one tiny kernel",
+    "HT dispatch BF16": "HT BF16: copy of the rows",
+    "HT dispatch FP8": "HT FP8: quantize of the rows",
+    "HT combine BF16": "HT BF16: copy of the rows",
+    "get_dispatch_layout": "one tiny kernel",
+    "layout: HT dispatch BF16": "HT BF16: copy of the rows",
+    "layout: HT combine BF16": "HT BF16: copy of the rows",
+}
 
 
 def _tiny(routing: jax.Array) -> tuple[jax.Array]:
@@ -58,14 +76,19 @@ def _mib(num_bytes: int) -> str:
   return f"{num_bytes / 2**20:.1f} MiB"
 
 
-def ll_rows(runner: measure.Runner, x: np.ndarray, idx: np.ndarray) -> list[Row]:
-  """Floors of the LL ops on this rank's x bf16 [T, H] and idx int32 [T, K] (every
-  valid entry one pair; the bench's routing has no repeats)."""
-  num_tokens, hidden = x.shape
-  token_of_pair = np.nonzero(idx >= 0)[0].astype(np.int32)
-  num_pairs = int(token_of_pair.size)
+def ll_rows(runner: measure.Runner, x: np.ndarray, idx: np.ndarray,
+            ranks_here: int = 1) -> list[Row]:
+  """Floors of the LL ops on this process's x bf16 [ranks_here * T, H] and idx int32
+  [ranks_here * T, K], its ranks' parts one after the other (timing.ranks_here);
+  every valid entry is one pair (the bench's routing has no repeats and no -1)."""
+  num_tokens, hidden = x.shape[0] // ranks_here, x.shape[1]
+  # Each rank's pairs index its own T tokens; the bench's routing gives every rank
+  # the same number of pairs (T * K), so the parts stay equal.
+  token_of_pair = timing.per_rank(
+      idx, lambda part: np.nonzero(part >= 0)[0].astype(np.int32), ranks_here)
+  num_pairs = int(token_of_pair.size) // ranks_here
   row_bytes = 2 * hidden
-  pair_rows = np.zeros((num_tokens, idx.shape[1], hidden), x.dtype)
+  pair_rows = np.zeros((ranks_here * num_tokens, idx.shape[1], hidden), x.dtype)
   return [
       row_of("one tiny kernel", SYSTEM, runner.time("floor: one tiny kernel", _tiny, [idx]),
              note="+1 on the [T, K] routing: the harness's per-call floor"),
@@ -75,24 +98,27 @@ def ll_rows(runner: measure.Runner, x: np.ndarray, idx: np.ndarray) -> list[Row]
                   f", writes {_mib(num_pairs * row_bytes)}"),
       row_of("LL dispatch: copy of the rows", SYSTEM,
              runner.time("floor: LL pair rows copy", _copy,
-                         [np.zeros((num_pairs, hidden), x.dtype)]),
+                         [np.zeros((ranks_here * num_pairs, hidden), x.dtype)]),
              note=f"elementwise over the {num_pairs} pair rows: "
                   f"{_mib(2 * num_pairs * row_bytes)} read + written"),
       row_of("LL combine: sum of pair rows", SYSTEM,
              runner.time("floor: LL combine pair sum", _sum_pairs, [pair_rows]),
-             note=f"fp32 sum of K rows per token: reads {_mib(pair_rows.nbytes)}, "
+             note=f"fp32 sum of K rows per token: reads {_mib(pair_rows.nbytes // ranks_here)}, "
                   f"writes {_mib(num_tokens * row_bytes)}"),
   ]
 
 
-def ht_rows(runner: measure.Runner, x: np.ndarray, idx: np.ndarray) -> list[Row]:
-  """Floors of the HT ops at EP1 on this rank's x bf16 [T, H]: each token lands once."""
+def ht_rows(runner: measure.Runner, x: np.ndarray, idx: np.ndarray,
+            ranks_here: int = 1) -> list[Row]:
+  """Floors of the HT ops at EP1 on this process's x bf16 [ranks_here * T, H] (its
+  ranks' parts one after the other): each token lands once."""
+  rank_bytes = x.nbytes // ranks_here
   return [
       row_of("one tiny kernel", SYSTEM, runner.time("floor: one tiny kernel", _tiny, [idx]),
              note="+1 on the [T, K] routing: the harness's per-call floor"),
       row_of("HT BF16: copy of the rows", SYSTEM,
              runner.time("floor: HT rows copy", _copy, [x]),
-             note=f"elementwise over x: {_mib(2 * x.nbytes)} read + written (EP1: the "
+             note=f"elementwise over x: {_mib(2 * rank_bytes)} read + written (EP1: the "
                   "dispatch's and the combine's bytes)"),
       row_of("HT FP8: quantize of the rows", SYSTEM,
              runner.time("floor: HT FP8 quantize", _quantize, [x]),

@@ -42,15 +42,17 @@ SWEEP_TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192)
 
 @dataclasses.dataclass(frozen=True)
 class _Setup:
-  """One token count's inputs on this rank (numpy) and the routing's counts."""
+  """One token count's inputs on this process (numpy: its ranks' parts one after the
+  other along axis 0, L = timing.ranks_here ranks) and the routing's counts."""
 
   config: jax_ep.EpConfig
-  x: np.ndarray                 # bf16 [T, H]
-  q: np.ndarray                 # float8_e4m3fn [T, H]
-  scales: np.ndarray            # float32 [T, H/128]
-  idx: np.ndarray               # int32 [T, K]
-  w: np.ndarray                 # float32 [T, K]
+  x: np.ndarray                 # bf16 [L*T, H]
+  q: np.ndarray                 # float8_e4m3fn [L*T, H]
+  scales: np.ndarray            # float32 [L*T, H/128]
+  idx: np.ndarray               # int32 [L*T, K]
+  w: np.ndarray                 # float32 [L*T, K]
   counts: traffic.RoutingCounts
+  ranks_here: int               # L
   # The combine's inputs, y [C, H], recv_src [C], send_row [T, R], num_tokens [1]:
   # one jax_ep dispatch's rows and layout, made once (on first use, inside the
   # combine rows' timers, so a failing dispatch fails those rows), outside
@@ -63,10 +65,11 @@ def _setup(mesh, tokens: int, hidden: int, num_experts: int, num_topk: int, seed
   config = jax_ep.EpConfig(num_experts=num_experts, hidden=hidden, max_tokens_per_rank=tokens,
                            num_topk=num_topk, enable_low_latency=False, num_sms=num_sms)
   jax_ep.initialize(config, mesh)
+  here = timing.ranks_here(mesh)
   rng = np.random.default_rng(seed + jax.process_index())
-  x = random_rows(rng, (tokens, hidden))
-  idx = deepep_routing(rng, tokens, num_experts, num_topk)
-  w = rng.random((tokens, num_topk)).astype(np.float32)
+  x = random_rows(rng, (here * tokens, hidden))
+  idx = deepep_routing(rng, here * tokens, num_experts, num_topk)
+  w = rng.random((here * tokens, num_topk)).astype(np.float32)
   q, scales = (np.asarray(a) for a in jax.jit(jax_ep.fp8.quantize)(x))
 
   @functools.cache
@@ -79,8 +82,9 @@ def _setup(mesh, tokens: int, hidden: int, num_experts: int, num_topk: int, seed
     glob = functools.partial(timing.global_array, mesh)
     return [timing.local_part(o) for o in once(glob(x), glob(idx), glob(w))]
 
-  return _Setup(config, x, q, scales, idx, w,
-                traffic.routing_counts(measure.allgather(idx), num_experts), combine_inputs)
+  every_idx = measure.allgather(idx).reshape(jax.device_count(), tokens, num_topk)
+  return _Setup(config, x, q, scales, idx, w, traffic.routing_counts(every_idx, num_experts),
+                here, combine_inputs)
 
 
 def _handle(config, recv_src, send_row, kept):
@@ -131,7 +135,7 @@ def _bare_system(runner: measure.Runner, s: _Setup, fp8: bool) -> measure.Outcom
   num_ranks = jax.device_count()
   return runner.time(f"bare all_to_all {'FP8' if fp8 else 'BF16'}",
                      functools.partial(bare.exchange, num_ranks=num_ranks),
-                     bare.inputs(s.x, num_ranks, fp8))
+                     bare.inputs(s.x, num_ranks, fp8, s.ranks_here))
 
 
 def _ragged_systems(runner: measure.Runner, s: _Setup, calls: int) -> dict[str, measure.Outcome]:
@@ -234,7 +238,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     rows.append(row_of("get_dispatch_layout", "portable (jnp)", runner.time(
         "layout, portable", lambda i: portable.layout(i, config), [s.idx])))
   rows += _bare_rows(bare_of, tokens, hidden)
-  rows += floors.ht_rows(runner, s.x, s.idx)
+  rows += floors.ht_rows(runner, s.x, s.idx, s.ranks_here)
   if layouts:
     rows += layout_rows.rows(runner, config, s.x, s.idx, s.w, "jax_ep")
     meta["expert_alignments"] = list(layout_rows.ALIGNMENTS)
@@ -257,8 +261,9 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
 
 def _point(mesh, tokens, hidden, num_experts, num_topk, seed, num_sms, num_calls, repeats,
            baselines: bool, warmup_calls: int = timing.WARMUP_CALLS) -> dict:
-  """One sweep point: {tokens, num_sms, us: {key: us or None}, gbps: {...}, errors: {...}}
-  with keys "<op> <system>" (jax_ep; with baselines also portable and bare)."""
+  """One sweep point: {tokens, num_sms, us: {key: us or None}, gbps: {...}, errors: {...},
+  below_noise: [key, ...]} with keys "<op> <system>" (jax_ep; with baselines also
+  portable and bare); us is None where the key failed (errors) or was below noise."""
   runner = measure.Runner(mesh, num_calls, repeats,
                           context=f"tokens={tokens} num_sms={num_sms} ",
                           warmup_calls=warmup_calls)
@@ -267,7 +272,7 @@ def _point(mesh, tokens, hidden, num_experts, num_topk, seed, num_sms, num_calls
   if baselines:
     ops["portable"] = _portable_systems(runner, s)
     ops["bare"] = {"all_to_all BF16": _bare_system(runner, s, fp8=False)}
-  point: dict = dict(tokens=tokens, num_sms=num_sms, us={}, gbps={}, errors={})
+  point: dict = dict(tokens=tokens, num_sms=num_sms, us={}, gbps={}, errors={}, below_noise=[])
   for system, outcomes in ops.items():
     for name, outcome in outcomes.items():
       key = f"{name} {system}"
@@ -275,10 +280,12 @@ def _point(mesh, tokens, hidden, num_experts, num_topk, seed, num_sms, num_calls
       moved = (traffic.bare_all_to_all(jax.device_count(), tokens, hidden, fp8)
                if system == "bare" else traffic.ht_combine(s.counts, hidden)
                if name.startswith("combine") else traffic.ht_dispatch(s.counts, hidden, fp8))
-      point["us"][key] = outcome.us
+      point["us"][key] = outcome.us  # None when it failed or was below noise
       point["gbps"][key] = traffic.gbps(moved.deepep_bytes, outcome.us)
       if outcome.error:
         point["errors"][key] = outcome.error
+      elif outcome.below_noise:
+        point["below_noise"].append(key)
   return point
 
 

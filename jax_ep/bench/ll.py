@@ -67,13 +67,18 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   jax_ep.initialize(config, mesh)
   portable = XlaBackend()
   ours = f"jax_ep ({jax_ep.runtime_state().backend_name} backend)"
+  # This process's inputs: the parts of its ranks one after the other (one rank per
+  # process on GPUs; all of them with several CPU devices in one process).
+  here = timing.ranks_here(mesh)
   rng = np.random.default_rng(seed + rank)
-  x = random_rows(rng, (tokens, hidden))
-  idx = deepep_routing(rng, tokens, num_experts, num_topk)
-  w = rng.random((tokens, num_topk)).astype(np.float32)
-  counts = traffic.routing_counts(measure.allgather(idx), num_experts)
+  x = random_rows(rng, (here * tokens, hidden))
+  idx = deepep_routing(rng, here * tokens, num_experts, num_topk)
+  w = rng.random((here * tokens, num_topk)).astype(np.float32)
+  counts = traffic.routing_counts(
+      measure.allgather(idx).reshape(num_ranks, tokens, num_topk), num_experts)
 
-  y_shape = (num_experts // num_ranks, num_ranks * tokens)
+  # The process's part of the [E_local, R*T, ...] blocks of its ranks.
+  y_shape = (here * (num_experts // num_ranks), num_ranks * tokens)
 
   @functools.cache
   def dispatched() -> list:
@@ -117,7 +122,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   runner = measure.Runner(mesh, num_calls, repeats, warmup_calls=warmup_calls)
   bare_of = {label: runner.time(f"bare all_to_all {label}",
                                 functools.partial(bare.exchange, num_ranks=num_ranks),
-                                bare.inputs(x, num_ranks, fp8))
+                                bare.inputs(x, num_ranks, fp8, here))
              for fp8, label in ((True, "FP8"), (False, "BF16"))}
   rows: list[Row] = []
   def with_baseline(op: str, moved: traffic.Traffic, mine, portable_op, args, bare,
@@ -163,7 +168,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     rows.append(row_of(f"bare all_to_all {label} [R,{tokens},H]", BARE, bare_of[label],
                        traffic.bare_all_to_all(num_ranks, tokens, hidden, fp8), bare_of[label],
                        note="each token once per rank, no routing or packing"))
-  rows += floors.ll_rows(runner, x, idx)
+  rows += floors.ll_rows(runner, x, idx, here)
   meta = dict(tokens_per_rank=tokens, hidden=hidden, num_experts=num_experts, topk=num_topk,
               num_ranks=num_ranks, num_calls=num_calls,
               short_calls=timing.short_calls_of(max(num_calls, 2)), repeats=repeats, seed=seed,

@@ -6,6 +6,10 @@ FAILED row. Every rank takes part in the same gathers whatever happened
 locally, so a failure on one rank reaches rank 0's table. (A rank that stops
 inside a collective of the timed program cannot be helped here; the
 kernels' bounded waits turn such stalls into errors.)
+
+A time that is not positive is not a time: the long and the short loops took
+the same wall time within the host's noise (timing.slope_noise_us). Such an
+outcome has no time and says ``below_noise``; nothing prints it as a number.
 """
 
 from __future__ import annotations
@@ -28,17 +32,21 @@ class Outcome:
   """One system's result over all ranks.
 
   Attributes:
-    us: per-call time, the maximum over ranks; None if any rank failed.
+    us: per-call time, the maximum over ranks, > 0; None if any rank failed or
+      the time was not positive (below_noise).
     error: "rank N: <exception>" of the first failing rank, else None.
     timing: this rank's Timing (None where it failed).
     noise_us: the slope's noise (Timing.noise_us), the largest over ranks; None
       if any rank failed or had no estimate.
+    below_noise: every rank ran, but the time (the slope, max over ranks) was
+      not positive: the op's cost is below what the harness resolves here.
   """
 
   us: float | None
   error: str | None
   timing: Timing | None = None
   noise_us: float | None = None
+  below_noise: bool = False
 
   @property
   def stable(self) -> bool | None:
@@ -96,7 +104,20 @@ def run_system(timer: Callable[[], Timing], gather: Callable[[np.ndarray], np.nd
   us, first_error = combine_outcomes(gathered[:, 0], errors)
   noise = gathered[:, 1]
   noise_us = float(np.max(noise)) if us is not None and np.all(np.isfinite(noise)) else None
-  return Outcome(us=us, error=first_error, timing=timing, noise_us=noise_us)
+  below_noise = us is not None and not us > 0
+  return Outcome(us=None if below_noise else us, error=first_error, timing=timing,
+                 noise_us=noise_us, below_noise=below_noise)
+
+
+def describe(outcome: Outcome) -> str:
+  """The outcome for a log line: "12.3 us", "FAILED: <first line of the error>" or
+  "below noise" (never a number that is not a time)."""
+  if outcome.error is not None:
+    return f"FAILED: {outcome.error.splitlines()[0][:300]}"
+  noise = f" (noise {outcome.noise_us:.1f} us per call)" if outcome.noise_us is not None else ""
+  if outcome.below_noise or outcome.us is None:
+    return f"below noise{noise}"
+  return f"{outcome.us:.1f} us" + (f" (unstable slope{noise})" if outcome.stable is False else "")
 
 
 class Runner:
@@ -156,9 +177,5 @@ class Runner:
 
     outcome = run_system(timer)
     if rank == 0:
-      result = (f"{outcome.us:.1f} us" if outcome.error is None
-                else f"FAILED: {outcome.error.splitlines()[0][:300]}")
-      if outcome.stable is False:
-        result += f" (unstable slope: noise {outcome.noise_us:.1f} us per call)"
-      print(f"bench: {self.context}{label}: {result}", flush=True)
+      print(f"bench: {self.context}{label}: {describe(outcome)}", flush=True)
     return outcome

@@ -1,4 +1,10 @@
-"""The results table: one Row per (op, system), FAILED rows included; JSON output."""
+"""The results table: one Row per (op, system), FAILED rows included; JSON output.
+
+The rule of the output: a time is a positive number of microseconds. A system
+that failed has no time (FAILED and its error); one whose slope was not
+positive has none either (below noise, measure.py): the table prints words
+there, and the JSON has ``us: null`` with ``failed`` or ``below_noise`` true.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ class Row:
   Attributes:
     op: what was timed, e.g. "HT dispatch FP8".
     system: who did it, e.g. "jax_ep (cuda backend)", "all_to_all (portable)".
-    us: per-call microseconds, the maximum over ranks; None when it failed.
+    us: per-call microseconds, the maximum over ranks, > 0; None when it failed
+      or was below noise.
     error: why the system failed (on which rank, the exception's text), else None.
     traffic: bytes per call (jax_ep/bench/traffic.py), None when no rows move.
     bare_us: the bare all_to_all of the same padded payload in the same run.
@@ -27,6 +34,8 @@ class Row:
     note: a short remark for the reader.
     noise_us: the slope's noise per call (timing.slope_noise_us, the largest
       over ranks); None without an estimate.
+    below_noise: it ran, but its slope was not positive (measure.py); a Row
+      given such a time keeps None instead and says below_noise.
   """
 
   op: str
@@ -38,6 +47,14 @@ class Row:
   portable_us: float | None = None
   note: str = ""
   noise_us: float | None = None
+  below_noise: bool = False
+
+  def __post_init__(self):
+    # The output's rule holds for every Row, however it was made: a time that is
+    # not positive is never written as one.
+    if self.us is not None and not self.us > 0:
+      object.__setattr__(self, "us", None)
+      object.__setattr__(self, "below_noise", self.error is None)
 
   @property
   def failed(self) -> bool:
@@ -97,6 +114,10 @@ def format_table(rows: list[Row], title: str) -> str:
       first = r.error.splitlines()[0] if r.error else ""
       lines.append(f"{head}{'FAILED':>10}  {first[:TABLE_ERROR_CHARS]}")
       continue
+    if r.us is None:  # below noise (or no time at all): words, never a number
+      noise = f" (noise {r.noise_us:.1f} us)" if r.noise_us is not None else ""
+      lines.append(f"{head}{'below noise':>11}{noise}")
+      continue
     lines.append(f"{head}{_cell(r.us, 10, 1)}{_cell(r.gbps, 9, 1)}{_cell(r.link_gbps, 11, 1)}"
                  f"{_cell(r.vs_bare, 8, 2)}{_cell(r.speedup_vs_portable, 11, 2)}"
                  + (f"  unstable slope (noise {r.noise_us:.1f} us)"
@@ -128,4 +149,5 @@ def row_of(op: str, system: str, outcome, traffic: traffic_lib.Traffic | None = 
   return Row(op=op, system=system, us=outcome.us, error=outcome.error, traffic=traffic,
              bare_us=bare.us if bare is not None else None,
              portable_us=portable.us if portable is not None else None, note=note,
-             noise_us=getattr(outcome, "noise_us", None))
+             noise_us=getattr(outcome, "noise_us", None),
+             below_noise=getattr(outcome, "below_noise", False))

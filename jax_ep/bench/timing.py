@@ -230,12 +230,35 @@ def time_single_shot(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args
                 num_calls, 1, 1)
 
 
+def ranks_here(mesh: jax.sharding.Mesh) -> int:
+  """EP ranks of ``mesh`` on this process (its devices there): one per process on
+  GPUs, every rank with several CPU devices in one process.
+
+  A process-local array (global_array, local_part) holds its ranks' parts one
+  after the other along axis 0, in equal parts: ranks_here * T rows for T per rank.
+  """
+  here = jax.process_index()
+  return sum(1 for d in mesh.devices.flat if d.process_index == here)
+
+
+def per_rank(local: np.ndarray, fn: Callable[[np.ndarray], np.ndarray],
+             num_ranks_here: int) -> np.ndarray:
+  """``fn`` applied to each rank's part of the process-local ``local`` (axis 0 cut in
+  ``num_ranks_here`` equal parts), the results one after the other along axis 0."""
+  return np.concatenate([fn(part) for part in np.split(local, num_ranks_here)])
+
+
 def global_array(mesh: jax.sharding.Mesh, local: np.ndarray) -> jax.Array:
-  """The EP-sharded global array whose part on this process is ``local``."""
+  """The EP-sharded global array whose part on this process is ``local`` (its ranks'
+  parts one after the other along axis 0, see ranks_here)."""
   global_shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
   return jax.make_array_from_process_local_data(NamedSharding(mesh, P("ep")), local, global_shape)
 
 
 def local_part(array: jax.Array) -> np.ndarray:
-  """This process's part of an EP-sharded global array (its first addressable shard)."""
-  return np.asarray(array.addressable_shards[0].data)
+  """This process's part of an EP-sharded global array: its addressable shards in
+  the order of axis 0, what global_array takes back. (Not the first shard alone:
+  with several devices per process that part would be one rank's, too short to
+  spread over the process's ranks again.)"""
+  shards = sorted(array.addressable_shards, key=lambda s: s.index[0].start or 0)
+  return np.concatenate([np.asarray(s.data) for s in shards])

@@ -32,11 +32,29 @@ def test_failed_rows_are_left_out_and_counted():
 
 
 def test_unstable_slopes_stay_in_the_median_and_are_counted(capsys):
-  runs = [_run({"a": 4.6}), _run({"a": -0.3}, unstable=("a",)), _run({"a": 4.8})]
+  runs = [_run({"a": 4.6}), _run({"a": 0.3}, unstable=("a",)), _run({"a": 4.8})]
   summary = medians.summarize(runs, ["r1", "r2", "r3"])
   row = summary["rows"][0]
   assert row["runs"] == 3 and row["unstable_runs"] == 1 and row["median_us"] == 4.6
   assert "1 with an unstable slope" in medians.format_summary(summary)
+
+
+def test_times_below_noise_are_left_out_and_counted_apart_from_failures():
+  """A row below noise (the flag, or a time that is not positive, as older files
+  hold) is no time: left out of the median, counted as below noise, not as failed."""
+  runs = [_run({"a": 4.6, "b": 2.0}), _run({"a": -0.3, "b": 1.0}, unstable=("a",)),
+          _run({"a": 4.8, "b": 3.0}), _run({"a": 5.0, "b": 0.0}), _run({"a": 1.0}, failed=("a",))]
+  runs[2]["rows"][0].update(us=None, below_noise=True)
+  summary = medians.summarize(runs, [f"r{i}" for i in range(5)])
+  rows = {row["op"]: row for row in summary["rows"]}
+  assert rows["a"]["us"] == [4.6, 5.0] and rows["a"]["median_us"] == 4.8
+  assert (rows["a"]["below_noise_runs"], rows["a"]["failed_runs"]) == (2, 1)
+  assert rows["a"]["unstable_runs"] == 0
+  assert rows["b"]["us"] == [2.0, 1.0, 3.0] and rows["b"]["below_noise_runs"] == 1
+  text = medians.format_summary(summary)
+  assert "1 failed, 2 below noise" in text and "-0.3" not in text
+  only_noise = medians.summarize([_run({"a": -1.0}), _run({"a": 0.0})], ["r1", "r2"])
+  assert "below noise in every run" in medians.format_summary(only_noise)
 
 
 @pytest.mark.parametrize("other", [dict(commit="def5678"), dict(tokens=256)])

@@ -4,6 +4,7 @@
 import datetime
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -62,8 +63,9 @@ def _noisy_timing(us: float, noise_us: float) -> Timing:
 
 
 def test_a_slope_inside_its_noise_is_kept_and_flagged(tmp_path):
-  outcome = measure.run_system(lambda: _noisy_timing(-0.3, 2.0), gather=_ranks(_same))
-  assert outcome.us == -0.3 and outcome.error is None and outcome.stable is False
+  outcome = measure.run_system(lambda: _noisy_timing(1.5, 2.0), gather=_ranks(_same))
+  assert outcome.us == 1.5 and outcome.error is None and outcome.stable is False
+  assert not outcome.below_noise
   rows = [results.row_of("LL dispatch, no rows", "jax_ep", outcome),
           results.row_of("LL combine, no rows", "jax_ep",
                          measure.run_system(lambda: _noisy_timing(4.4, 0.5),
@@ -77,6 +79,37 @@ def test_a_slope_inside_its_noise_is_kept_and_flagged(tmp_path):
   written = json.loads(path.read_text())["rows"]
   assert [r["stable_slope"] for r in written] == [False, True, None]
   assert [r["noise_us"] for r in written] == [2.0, 0.5, None]
+
+
+@pytest.mark.parametrize("slope", [-0.3, 0.0])
+def test_a_slope_that_is_not_positive_is_below_noise_never_a_number(tmp_path, capsys, slope):
+  """A negative (or zero) slope is no time: the outcome, the log line, the table and
+  the JSON say "below noise", with no number in the time's place, and the rows
+  compared with it get no ratio."""
+  outcome = measure.run_system(lambda: _noisy_timing(slope, 2.0), gather=_ranks(_same))
+  assert outcome.us is None and outcome.error is None and outcome.below_noise
+  assert outcome.noise_us == 2.0
+  assert measure.describe(outcome) == "below noise (noise 2.0 us per call)"
+  ok = measure.Outcome(us=20.0, error=None)
+  rows = [results.row_of("bare all_to_all BF16", "bare", outcome, bare=outcome),
+          results.row_of("LL combine BF16", "jax_ep", ok, bare=outcome),
+          results.Row("made directly", "jax_ep", slope)]  # the rule holds for any Row
+  assert rows[2].us is None and rows[2].below_noise and not rows[2].failed
+  lines = results.format_table(rows, "title").splitlines()
+  for line in (lines[2], lines[4]):
+    assert "below noise" in line and "FAILED" not in line, line
+    assert not re.search(r"-\d|\b0\.0\b", line), line  # no negative or zero time
+  assert "below noise (noise 2.0 us)" in lines[2]
+  assert not results.any_failed(rows)
+  path = tmp_path / "out.json"
+  results.write_json(str(path), dict(rows=rows))
+  written = json.loads(path.read_text())["rows"]
+  assert [r["us"] for r in written] == [None, 20.0, None]
+  assert [r["below_noise"] for r in written] == [True, False, True]
+  assert [r["failed"] for r in written] == [False, False, False]
+  assert written[1]["bare_us"] is None and written[1]["vs_bare"] is None
+  failed = measure.describe(measure.Outcome(us=None, error="rank 1: boom\nmore"))
+  assert failed == "FAILED: rank 1: boom"
 
 
 def test_a_non_finite_time_is_a_failure():

@@ -107,3 +107,41 @@ def test_ll_bench_without_baselines_times_only_jax_ep_and_the_floors(tmp_path):
   systems = {r["system"] for r in data["rows"]}
   assert systems == {"jax_ep (xla backend)", "jax.lax.all_to_all", "XLA (HBM floor)"}, systems
   assert not any(r["failed"] for r in data["rows"])
+
+
+def _times_are_positive_or_words(result, data):
+  """The output's rule: every row has a positive time, or none (failed / below noise),
+  in the JSON and in the table."""
+  for r in data["rows"]:
+    assert (r["us"] is not None and r["us"] > 0) or r["failed"] or r["below_noise"], r
+    assert not (r["us"] is None and not r["failed"] and not r["below_noise"]), r
+  table = result.stdout[result.stdout.index("us/call"):]
+  for line in table.splitlines()[1:]:
+    cells = line[60:70].strip() if len(line) > 60 else ""
+    assert not cells.startswith("-"), line
+
+
+@pytest.mark.parametrize("mode", ["ll", "ht"])
+def test_bench_in_one_process_on_8_cpu_devices(tmp_path, mode):
+  """One process holding all 8 EP ranks (no launcher): every rank gets its own T
+  tokens, the combines' inputs (one dispatch's process-wide result) go back to the
+  ranks they came from, and no row fails (the combine rows used to fail: the
+  dispatch's result was cut to the first rank's part). --plot writes the chart
+  of the ops against the bare exchange."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+  result = subprocess.run([sys.executable, "-m", "jax_ep.bench", "--mode", mode, *TINY,
+                           "--out", str(out), "--plot", str(png)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  assert png.read_bytes().startswith(b"\x89PNG") and f"plot: {png}" in result.stdout
+  data = json.loads(out.read_text())
+  assert data["machine"]["device_count"] == 8 and data["machine"]["process_count"] == 1
+  assert not data["any_failed"] and not [r for r in data["rows"] if r["failed"]]
+  combines = [r for r in data["rows"] if "combine" in r["op"] and r["system"].startswith("jax_ep")]
+  assert combines and all(r["us"] or r["below_noise"] for r in combines), combines
+  # The traffic counts see 8 ranks of 16 tokens with 2 experts each.
+  pairs = data["meta"]["routing"]["pairs"]
+  assert len(pairs) == 8 and sum(map(sum, pairs)) == 8 * 16 * 2, pairs
+  _times_are_positive_or_words(result, data)

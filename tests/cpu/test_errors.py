@@ -141,6 +141,52 @@ def test_topk_dtype_and_weights_errors():
                   x, idx, w.astype(np.int32))
 
 
+def test_topk_weights_shape_errors_name_both_layouts():
+  """Routing weights are [T_local, K]; a dispatch's result's topk_weights is [C, K]
+  token-major and [M] expert-major. Passing a result's weights where the routing's
+  belong, or weighting a combine's rows with the other layout's shape, says which
+  shape applies and names both layouts'."""
+  config, mesh = setup(2, **CONFIG)
+  layouts = r".*float32\[C, 2\] in the token-major layout.*float32\[M\] in the expert-major"
+
+  def result_weights_as_routing(x, i, w):  # [M] = [16] where [4, 2] belongs
+    d = jax_ep.dispatch(x, i, w, config=config, layout="expert_major")
+    return jax_ep.dispatch(x, i, d.topk_weights, config=config).x
+
+  with pytest.raises(jax_ep.EpConfigError,
+                     match=r"jax_ep.dispatch: topk_weights must be \[4, 2\] \(tokens, num_topk\), "
+                           r"this rank's routing weights.*got \(16,\)" + layouts):
+    run_per_shard(result_weights_as_routing, mesh, *_args())
+
+  def ll_combine_with_result_weights(x, i, w):
+    d = jax_ep.low_latency_dispatch(x, i, config=config)
+    t = jax_ep.dispatch(x, i, w, config=config)  # token-major: [C, K] = [8, 2]
+    return jax_ep.low_latency_combine(d.x, i, t.topk_weights, d.handle, config=config)
+
+  with pytest.raises(jax_ep.EpConfigError, match=r"low_latency_combine: topk_weights must be "
+                                                 r"\[4, 2\].*got \(8, 2\)" + layouts):
+    run_per_shard(ll_combine_with_result_weights, mesh, *_args())
+
+  def token_major_weighted_per_k(x, i, w):  # [C, K, H]: the K weights not summed
+    d = jax_ep.dispatch(x, i, w, config=config)
+    y = d.x[:, None, :] * d.topk_weights[:, :, None].astype(d.x.dtype)
+    return jax_ep.combine(y, d.handle, config=config)
+
+  with pytest.raises(jax_ep.EpConfigError,
+                     match=r"y must be \[8, 16\] .*got \(8, 2, 16\); this handle is token-major: "
+                           r".*d.topk_weights is float32\[C, K\] = \[8, 2\]" + layouts):
+    run_per_shard(token_major_weighted_per_k, mesh, *_args())
+
+  def expert_major_with_token_rows(x, i, w):
+    d = jax_ep.dispatch(x, i, w, config=config, layout="expert_major")
+    return jax_ep.combine(x, d.handle, config=config)
+
+  with pytest.raises(jax_ep.EpConfigError,
+                     match=r"y must be \[16, 16\] .*got \(4, 16\); this handle is expert-major: "
+                           r".*d.topk_weights is float32\[M\] = \[16\]" + layouts):
+    run_per_shard(expert_major_with_token_rows, mesh, *_args())
+
+
 @pytest.mark.parametrize("capacity", [0, 9, -1, 2.5])
 def test_capacity_errors(capacity):
   config, mesh = setup(2, **CONFIG)

@@ -78,3 +78,25 @@ def test_repeated_devices_mark_the_gpus_shared(tmp_path):
     for rank in range(2):
       device = devices.split(",")[rank] if devices else str(rank)
       assert f"[rank {rank}] shared {shared} {device}" in result.stdout, (devices, result.stdout)
+
+
+def test_help_prints_usage_and_exits_zero():
+  """--help, -h and --helpfull print the usage and the launcher's flags (absl's global
+  help flags are not the launcher's: they used to raise UnrecognizedFlagError)."""
+  for flag in ("--help", "-h", "--helpfull"):
+    result = subprocess.run(LAUNCH + [flag], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, (flag, result.stdout + result.stderr)
+    assert result.stdout.startswith("usage: python -m jax_ep.launch"), (flag, result.stdout)
+    for name in ("-n,--num_processes", "--devices", "--keep_going", "--kill_grace_s"):
+      assert name in result.stdout, (flag, name, result.stdout)
+    assert "Traceback" not in result.stderr, (flag, result.stderr)
+
+
+def test_bad_command_lines_say_why_without_a_traceback(tmp_path):
+  script = _script(tmp_path, "print('ran')\n")
+  for args, reason in (([], "no script or -m module given"),
+                       (["--no_such_flag", script], "Unknown command line flag 'no_such_flag'")):
+    result = subprocess.run(LAUNCH + args, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, (args, result.stdout + result.stderr)
+    assert reason in result.stderr and "usage:" in result.stderr, (args, result.stderr)
+    assert "Traceback" not in result.stderr and "ran" not in result.stdout, result.stderr

@@ -27,12 +27,13 @@ import moe_transformer_model as model  # noqa: E402
 from moe_transformer_step import make_optimizer, make_train_step  # noqa: E402
 
 
-def _run(args: list[str], cpu_devices: int = 8) -> subprocess.CompletedProcess:
+def _run(args: list[str], cpu_devices: int = 8, cwd=None) -> subprocess.CompletedProcess:
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   env.update(JAX_PLATFORMS="cpu",
              XLA_FLAGS=f"--xla_force_host_platform_device_count={cpu_devices}")
-  return subprocess.run([sys.executable, os.path.join(EXAMPLES, "moe_transformer.py")] + args,
-                        env=env, capture_output=True, text=True, timeout=600)
+  return subprocess.run([sys.executable, os.path.abspath(os.path.join(EXAMPLES,
+                                                                      "moe_transformer.py"))]
+                        + args, env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
 @pytest.mark.parametrize("data", [1, 2])
@@ -49,6 +50,16 @@ def test_trains_learns_and_matches_dense_routing(tmp_path, data):
   assert "jax_ep_cpu_ht_route" in out   # the step ran jax_ep's portable exchange
   assert out.count("tokens/s  dropped 0  pairs per expert: ") == 6   # steps 10, 20, ..., 60
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_writes_no_file_unless_asked(tmp_path):
+  """Without --plot the run leaves its working directory as it found it (it used to
+  write moe_transformer.png there)."""
+  result = _run(["--preset", "tiny"], cwd=tmp_path)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert result.stdout.strip().endswith("OK"), result.stdout
+  assert sorted(os.listdir(tmp_path)) == [], os.listdir(tmp_path)
+  assert "wrote " not in result.stdout
 
 
 def test_no_learning_fails():
