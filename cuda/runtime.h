@@ -91,7 +91,10 @@ class Runtime {
   std::string SetRdmaOnlyPeers(const std::vector<int>& pes);
   // (Re)allocates the symmetric buffers for `dims` (num_ranks and rank: the EP
   // group's size and this process's EP rank in it); group_pes[r] is the PE of
-  // EP rank r (transport.cuh). Collective over every PE.
+  // EP rank r (transport.cuh). Collective over every PE. With several configs,
+  // `dims` is their element-wise maximum and dims() below stays that: the FFI
+  // handlers hand each kernel its own call's dims, checked to fit these
+  // (xla_ffi/cuda/handler_common.h CallDims).
   std::string Allocate(const EpDims& dims, const std::vector<int>& group_pes, bool low_latency,
                        bool high_throughput, bool rdma_staging, double timeout_s, int num_sms);
   // Frees the symmetric buffers (collective); the transport stays up.

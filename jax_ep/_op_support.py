@@ -12,7 +12,7 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax_ep import _validate
 from jax_ep import runtime
 from jax_ep._vma import match_vma
-from jax_ep.config import EpConfig
+from jax_ep.config import EpConfig, describe_differences
 from jax_ep.errors import EpConfigError
 
 
@@ -56,6 +56,8 @@ def _check_handle(handle, cls, config: EpConfig, op: str) -> None:
                         f"{' or '.join(c.__name__ for c in classes)}, got "
                         f"{type(handle).__name__}")
   if handle.config != config:
-    raise EpConfigError(f"jax_ep.{op}: the handle comes from a dispatch with {handle.config}, "
-                        f"not {config}")
+    raise EpConfigError(
+        f"jax_ep.{op}: the handle comes from a dispatch with another config: "
+        f"{describe_differences(handle.config, config, 'the dispatch', 'this call')}; pass "
+        "the dispatch's config")
 

@@ -18,11 +18,24 @@ every buffer rounded up to 256 bytes:
     counts 2*R*R*4, flags 2*R*8 (by parity), rows R*T*W (W = max(2H, H + H/32) to 16 B),
     scales R*T*(H/128)*4, sources R*T*4, top-k R*T*K*8, chunk counters R*ceil(T/32)*4,
     combine receive 2 * (R*T*2H + R*8)
+
+Several configs (``jax_ep.initialize((a, b), mesh)``) share one allocation,
+sized by ``sizing_config``: the element-wise maximum of their sizes (E, H, K
+over every config, T over those with the HT buffers, T_ll over those with the
+LL buffers), a family allocated when any config enables it. Each call's kernels
+get that call's own sizes and index every buffer with them; only the row
+strides that the runtime derives from H (an LL message, an HT receive row) and
+the HT chunk counters per source are the allocation's, the same on every rank.
+A buffer's extent is a product of sizes (and of those strides), so a call whose
+every size is at most the allocation's stays inside each buffer
+(docs/design.md, "Several configs").
 """
 
 from __future__ import annotations
 
-from jax_ep.config import EpConfig
+from typing import Sequence
+
+from jax_ep.config import PROCESS_WIDE_FIELDS, EpConfig, check_compatible
 
 _ALIGN = 256
 _HT_CHUNK_ROWS = 32  # kHtChunkRows in cuda/ht_types.h
@@ -38,14 +51,48 @@ def ll_message_bytes(hidden: int) -> int:
   return _align(16 + payload, 16)
 
 
-def buffer_bytes(config: EpConfig, num_ranks: int, *, rdma_staging: bool = False) -> int:
-  """Bytes of symmetric memory jax_ep's CUDA backend allocates on each GPU."""
+def sizing_config(configs: EpConfig | Sequence[EpConfig]) -> EpConfig:
+  """The config the CUDA buffers are allocated for when they serve ``configs``.
+
+  Sizes: the maximum of num_experts, hidden and num_topk over every config;
+  of max_tokens_per_rank over the configs with enable_high_throughput, and of
+  ll_max_tokens over those with enable_low_latency (over every config when none
+  has that family: the value is then unused). A family is allocated when any
+  config enables it. The fields of config.PROCESS_WIDE_FIELDS are the configs'
+  common values (EpConfigError when they differ); debug_checks and fallback
+  are per call and left at their defaults. One config: itself, those two fields
+  reset.
+  """
+  configs = (configs,) if isinstance(configs, EpConfig) else tuple(configs)
+  if not configs:
+    raise ValueError("sizing_config needs at least one EpConfig")
+  check_compatible(configs)
+  ht = [c for c in configs if c.enable_high_throughput] or list(configs)
+  ll = [c for c in configs if c.enable_low_latency] or list(configs)
+  first = configs[0]
+  return EpConfig(
+      num_experts=max(c.num_experts for c in configs), hidden=max(c.hidden for c in configs),
+      max_tokens_per_rank=max(c.max_tokens_per_rank for c in ht),
+      num_topk=max(c.num_topk for c in configs),
+      low_latency_max_tokens_per_rank=max(c.ll_max_tokens for c in ll),
+      enable_low_latency=any(c.enable_low_latency for c in configs),
+      enable_high_throughput=any(c.enable_high_throughput for c in configs),
+      **{name: getattr(first, name) for name in PROCESS_WIDE_FIELDS})
+
+
+def buffer_bytes(config: EpConfig | Sequence[EpConfig], num_ranks: int, *,
+                 rdma_staging: bool = False) -> int:
+  """Bytes of symmetric memory jax_ep's CUDA backend allocates on each GPU for
+  ``config``, or for several configs (their ``sizing_config``)."""
   return sum(buffer_bytes_by_family(config, num_ranks, rdma_staging=rdma_staging).values())
 
 
-def buffer_bytes_by_family(config: EpConfig, num_ranks: int, *,
+def buffer_bytes_by_family(config: EpConfig | Sequence[EpConfig], num_ranks: int, *,
                            rdma_staging: bool = False) -> dict[str, int]:
-  """{"low_latency": bytes, "high_throughput": bytes} of symmetric memory per GPU."""
+  """{"low_latency": bytes, "high_throughput": bytes} of symmetric memory per GPU
+  (several configs: of their ``sizing_config``)."""
+  if not isinstance(config, EpConfig):
+    config = sizing_config(config)
   r, h, k = num_ranks, config.hidden, config.num_topk
   e = config.num_experts
   e_local = config.experts_per_rank(num_ranks)

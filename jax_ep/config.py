@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Sequence
 
 from jax_ep.errors import EpConfigError
 
@@ -12,6 +13,11 @@ from jax_ep.errors import EpConfigError
 DEFAULT_LOW_LATENCY_MAX_TOKENS = 128
 MAX_TIMEOUT_S = 86400.0
 FALLBACK_POLICIES = ("warn", "error", "allow")
+# What every config of one process shares (jax_ep.initialize with several
+# configs): the EP group (axis_name), and what the CUDA runtime holds once per
+# process, not per call (the wait bound, the masking policy, the HT SM budget).
+# The sizes and the per-call options (debug_checks, fallback) may differ.
+PROCESS_WIDE_FIELDS = ("axis_name", "timeout_s", "mask_on_timeout", "num_sms")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,3 +134,32 @@ class EpConfig:
   def capacity(self, num_ranks: int) -> int:
     """Default HT dispatch row count: every token of every rank, ``R * T``."""
     return num_ranks * self.max_tokens_per_rank
+
+
+def differences(held: EpConfig, given: EpConfig,
+                fields: Sequence[str] | None = None) -> list[tuple[str, Any, Any]]:
+  """(field, held value, given value) for each field (all, or ``fields``) where
+  the two configs differ, in declaration order."""
+  names = fields if fields is not None else [f.name for f in dataclasses.fields(EpConfig)]
+  return [(name, getattr(held, name), getattr(given, name)) for name in names
+          if getattr(held, name) != getattr(given, name)]
+
+
+def describe_differences(held: EpConfig, given: EpConfig, held_as: str, given_as: str,
+                         fields: Sequence[str] | None = None) -> str:
+  """The differing fields, one clause each: "hidden: 16 (held_as) vs 32 (given_as)"."""
+  return "; ".join(f"{name}: {a!r} ({held_as}) vs {b!r} ({given_as})"
+                   for name, a, b in differences(held, given, fields))
+
+
+def check_compatible(configs: Sequence[EpConfig], op: str = "initialize") -> None:
+  """Raises EpConfigError unless every config shares PROCESS_WIDE_FIELDS with
+  the first; the message names each differing field and both values."""
+  for i, other in enumerate(configs[1:], start=1):
+    clash = describe_differences(configs[0], other, "configs[0]", f"configs[{i}]",
+                                 PROCESS_WIDE_FIELDS)
+    if clash:
+      raise EpConfigError(
+          f"jax_ep.{op}: the configs of one process must share "
+          f"{', '.join(PROCESS_WIDE_FIELDS)} (one EP group, and what the CUDA runtime holds "
+          f"once per process), but {clash}; give them the same values")

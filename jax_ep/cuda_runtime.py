@@ -22,8 +22,8 @@ from absl import logging
 
 from jax_ep import _extension
 from jax_ep import groups
-from jax_ep.buffers import buffer_bytes, buffer_bytes_by_family
-from jax_ep.config import EpConfig
+from jax_ep.buffers import buffer_bytes, buffer_bytes_by_family, sizing_config
+from jax_ep.config import EpConfig, describe_differences
 from jax_ep.errors import EpConfigError, EpError
 
 _KV_TIMEOUT_MS = 300_000
@@ -68,9 +68,11 @@ class CudaRuntime:
 
   Attributes:
     module: the compiled module.
-    config: the EpConfig the buffers are sized for.
+    config: the EpConfig the buffers are sized for: the sizing_config of
+      ``configs`` (jax_ep/buffers.py), the element-wise maximum of their sizes.
     group: this process's EP group (its PEs, its EP rank).
     rdma_staging: whether RDMA staging buffers were allocated.
+    configs: the configs given to initialize(), which the buffers serve.
   """
 
   module: object
@@ -79,6 +81,7 @@ class CudaRuntime:
   rdma_staging: bool
   group_pes: tuple[int, ...] = ()
   joined: bool = False
+  configs: tuple[EpConfig, ...] = ()
 
   # group_pes[r]: the NVSHMEM PE of EP rank r (= its process index, unless jax_ep
   # joined an NVSHMEM runtime another library started, with its own numbering):
@@ -211,9 +214,34 @@ def _bootstrap(module, config: EpConfig, group_size: int, device: int, generatio
     raise EpError(str(e)) from None
 
 
-def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
-               previous: CudaRuntime | None) -> CudaRuntime:
-  """Brings up (or re-sizes) the CUDA runtime for ``config`` on ``mesh``."""
+def _different_configs(per_process: list[tuple[EpConfig, ...]]) -> str:
+  """What differs between process 0's configs and the first process's that
+  differ: the fields of each config, or the counts."""
+  mine = per_process[0]
+  for p, theirs in enumerate(per_process):
+    if theirs == mine:
+      continue
+    if len(theirs) != len(mine):
+      return f"process 0 passed {len(mine)} configs, process {p} {len(theirs)}"
+    return "; ".join(
+        f"configs[{i}]: " + describe_differences(a, b, "process 0", f"process {p}")
+        for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+  return ""
+
+
+def initialize(configs: tuple[EpConfig, ...], mesh: jax.sharding.Mesh,
+               previous: CudaRuntime | None, *, reallocate: bool = False) -> CudaRuntime:
+  """Brings up the CUDA runtime for ``configs`` on ``mesh``, or re-sizes it.
+
+  One set of symmetric buffers serves every config: it is allocated for
+  ``sizing_config(configs)``. It is re-allocated (collective; JAX's caches
+  cleared first, since executables hold the buffers' addresses) when that
+  sizing, the EP group or the RDMA staging differs from ``previous``'s, or
+  when ``reallocate`` (on any process: they all decide alike); otherwise
+  ``previous``'s buffers are kept and the executables compiled for them stay
+  valid.
+  """
+  config = sizing_config(configs)
   module = _extension.cuda_module()
   if module is None:
     raise EpError(f"jax_ep's CUDA backend is unavailable: {_extension.cuda_module_status()}")
@@ -223,6 +251,7 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
   device = jax.local_devices()[0].local_hardware_id
   generation = next(_generation)
   if previous is None or not module.initialized():
+    previous = None  # nothing allocated survives a finalised runtime
     if module.nvshmem_already_initialized():
       # nvshmem4py (or another library) started NVSHMEM in this process: join it.
       try:
@@ -245,10 +274,11 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
     logging.warning("jax_ep TESTING: EP ranks %s are treated as reachable only by RDMA (%s): the "
                     "kernels take their RDMA branch over NVSHMEM's P2P transport. For tests only.",
                     forced_rdma, TESTING_RDMA_PEERS_ENV)
-  configs = _exchange(f"jax_ep/{generation}/config", pickle.dumps(config))
-  if any(pickle.loads(c) != config for c in configs):
-    others = sorted({repr(pickle.loads(c)) for c in configs})
-    raise EpConfigError(f"jax_ep.initialize: the processes passed different configs: {others}")
+  per_process = [pickle.loads(c) for c in
+                 _exchange(f"jax_ep/{generation}/config", pickle.dumps(tuple(configs)))]
+  if any(c != tuple(configs) for c in per_process):
+    raise EpConfigError(f"jax_ep.initialize: the processes passed different configs: "
+                        f"{_different_configs(per_process)}")
   # The symmetric heap's layout must be the same on every PE, so RDMA staging is
   # allocated everywhere as soon as one group needs it.
   reachable = module.probe_peers()  # by PE
@@ -258,12 +288,42 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
     raise EpError(
         "jax_ep: the high-throughput kernels need every EP peer reachable by NVLink; some are "
         "only reachable by RDMA (docs/design.md describes the internode design). Use "
-        "EpConfig(enable_high_throughput=False) for the low-latency ops over RDMA.")
+        "EpConfig(enable_high_throughput=False) for the low-latency ops over RDMA"
+        + (" (in every config given to initialize)" if len(configs) > 1 else "") + ".")
+  keeps = (not reallocate and previous is not None and module.allocated()
+           and previous.config == config and previous.group == group
+           and previous.group_pes == group_pes and previous.rdma_staging == rdma_staging)
+  # Allocation is collective: every process re-allocates if any must.
+  if b"1" in _exchange(f"jax_ep/{generation}/allocate", b"0" if keeps else b"1"):
+    _allocate(module, config, configs, group_pes, rank, num_ranks, rdma_staging,
+              previous is not None)
+  module.set_mask_on_timeout(bool(config.mask_on_timeout))
+  if config.mask_on_timeout and num_ranks > 1 and not jax.config.jax_enable_recoverability:
+    logging.warning(
+        "jax_ep: mask_on_timeout keeps serving after an EP rank is lost, but JAX's coordination "
+        "service aborts every process about heartbeat_timeout_seconds (default 100 s) after one "
+        "dies unless recoverability is on: set JAX_ENABLE_RECOVERABILITY=1 (or "
+        "jax.config.update('jax_enable_recoverability', True)) before jax.distributed."
+        "initialize (docs/reliability.md)")
+  return CudaRuntime(module=module, config=config, group=group, rdma_staging=rdma_staging,
+                     group_pes=group_pes, joined=bool(module.joined()), configs=tuple(configs))
+
+
+def _allocate(module, config: EpConfig, configs: tuple[EpConfig, ...], group_pes: tuple[int, ...],
+              rank: int, num_ranks: int, rdma_staging: bool, replacing: bool) -> None:
+  """(Re)allocates the symmetric buffers for ``config``, the sizing of ``configs``."""
+  if replacing:
+    # Compiled executables (and command buffers captured from them) hold the
+    # old buffers' addresses: drop them before the buffers move.
+    jax.clear_caches()
   families = buffer_bytes_by_family(config, num_ranks, rdma_staging=rdma_staging)
   sizes = (f"low latency {families['low_latency'] / 2**30:.2f} GiB for "
            f"{config.ll_max_tokens} tokens per rank, high throughput "
            f"{families['high_throughput'] / 2**30:.2f} GiB for {config.max_tokens_per_rank} "
            "tokens per rank")
+  if len(configs) > 1:
+    sizes += (f"; sized for the {len(configs)} configs together: E={config.num_experts}, "
+              f"H={config.hidden}, K={config.num_topk}, each the largest of any config")
   try:
     module.allocate(list(group_pes), rank, config.num_experts, config.hidden,
                     config.max_tokens_per_rank, config.ll_max_tokens, config.num_topk,
@@ -276,13 +336,3 @@ def initialize(config: EpConfig, mesh: jax.sharding.Mesh,
   logging.info("jax_ep: %.2f GiB of symmetric GPU memory on EP rank %d of %d (%s)%s",
                sum(families.values()) / 2**30, rank, num_ranks, sizes,
                ", with RDMA staging" if rdma_staging else "")
-  module.set_mask_on_timeout(bool(config.mask_on_timeout))
-  if config.mask_on_timeout and num_ranks > 1 and not jax.config.jax_enable_recoverability:
-    logging.warning(
-        "jax_ep: mask_on_timeout keeps serving after an EP rank is lost, but JAX's coordination "
-        "service aborts every process about heartbeat_timeout_seconds (default 100 s) after one "
-        "dies unless recoverability is on: set JAX_ENABLE_RECOVERABILITY=1 (or "
-        "jax.config.update('jax_enable_recoverability', True)) before jax.distributed."
-        "initialize (docs/reliability.md)")
-  return CudaRuntime(module=module, config=config, group=group, rdma_staging=rdma_staging,
-                     group_pes=group_pes, joined=bool(module.joined()))

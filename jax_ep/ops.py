@@ -1,7 +1,8 @@
 """The public ops: dispatch/combine (high-throughput) and their low-latency twins.
 
 Every op is called inside ``jax.shard_map`` over ``config.axis_name`` with
-per-shard arrays, after ``jax_ep.initialize(config, mesh)``. Shapes: R ranks,
+per-shard arrays, after ``jax_ep.initialize(config, mesh)`` (or with several
+configs, ``jax_ep.initialize((config, other), mesh)``). Shapes: R ranks,
 T = max_tokens_per_rank (T_ll = low_latency_max_tokens_per_rank for the LL ops),
 T_local <= T tokens on this rank, K = num_topk,
 E experts, E_local = E / R, H = hidden, C = HT row capacity (R * T by default).

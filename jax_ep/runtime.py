@@ -1,10 +1,12 @@
 """Process-wide jax_ep state, and its one owner: which backend runs the ops, on
-which mesh and EP groups, for which config, with which ranks masked.
+which mesh and EP groups, for which configs, with which ranks masked.
 
-``initialize(config, mesh)`` is called once before jit (collectively, on every
-process of the mesh); the ops read the state once per trace through
-``require`` and hand the backend everything it needs as arguments (the
-backends keep no state). On CUDA the state includes the CUDA runtime
+``initialize(configs, mesh)`` is called before jit (collectively, on every
+process of the mesh) with every EpConfig the process traces ops with: one, or
+several (a model with two MoE shapes, a train and a decode config). The ops
+read the state once per trace through ``require`` and hand the backend
+everything it needs as arguments, their own config included (the backends keep
+no state). On CUDA the state includes the CUDA runtime
 (jax_ep/cuda_runtime.py, the only caller of the compiled module), whose device
 view of the rank mask is merged here with the host's.
 """
@@ -15,7 +17,7 @@ import atexit
 import contextlib
 import dataclasses
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
 import jax
 from absl import logging
@@ -26,7 +28,7 @@ from jax_ep import masking
 from jax_ep.backends.base import Backend
 from jax_ep.backends.cuda import CudaBackend
 from jax_ep.backends.xla import XlaBackend
-from jax_ep.config import EpConfig
+from jax_ep.config import EpConfig, check_compatible, differences, describe_differences
 from jax_ep.errors import EpConfigError, EpError
 
 BACKENDS = ("auto", "xla", "cuda")
@@ -37,12 +39,14 @@ class RuntimeState:
   """What initialize() established (replaced, never mutated).
 
   Attributes:
-    config: the EpConfig the buffers are sized for.
+    config: the first config given to initialize() (the only one when one was).
     num_ranks: R, devices per EP group (the product of the EP axes).
     backend: the backend the ops call ("xla" or "cuda").
     mesh: the mesh given to initialize().
     cuda: the CUDA runtime (NVSHMEM, symmetric buffers, its EP group) or None.
     masked: the EP ranks this process masked (jax_ep.mask_rank).
+    configs: every config given to initialize(), in the order given (distinct);
+      ops may be traced with any of them. () stands for (config,).
   """
 
   config: EpConfig
@@ -51,6 +55,11 @@ class RuntimeState:
   mesh: jax.sharding.Mesh
   cuda: Optional["cuda_runtime.CudaRuntime"] = None  # noqa: F821 (imported lazily)
   masked: frozenset[int] = frozenset()
+  configs: tuple[EpConfig, ...] = ()
+
+  def __post_init__(self) -> None:
+    if not self.configs:
+      object.__setattr__(self, "configs", (self.config,))
 
   @property
   def backend_name(self) -> str:
@@ -83,49 +92,86 @@ def _choose_backend(requested: str, mesh: jax.sharding.Mesh) -> str:
   return "xla"
 
 
-def _group_size(config: EpConfig, mesh: jax.sharding.Mesh) -> int:
-  groups.check_axes(mesh, config.axis_names)
-  num_ranks = groups.group_size(mesh, config.axis_names)
-  config.experts_per_rank(num_ranks)
+def _as_configs(configs: EpConfig | Sequence[EpConfig], op: str) -> tuple[EpConfig, ...]:
+  """One config or a sequence of them -> a tuple of distinct configs, in order,
+  checked to share config.PROCESS_WIDE_FIELDS."""
+  given = (configs,) if isinstance(configs, EpConfig) else configs
+  if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+    raise EpConfigError(f"jax_ep.{op}() needs an EpConfig or a sequence of them, got "
+                        f"{type(configs).__name__}")
+  for c in given:
+    if not isinstance(c, EpConfig):
+      raise EpConfigError(f"jax_ep.{op}() needs EpConfigs, got a {type(c).__name__}")
+  distinct = tuple(dict.fromkeys(given))
+  if not distinct:
+    raise EpConfigError(f"jax_ep.{op}() needs at least one EpConfig")
+  check_compatible(distinct, op)
+  return distinct
+
+
+def _group_size(configs: tuple[EpConfig, ...], mesh: jax.sharding.Mesh) -> int:
+  """R of the configs' common EP axes on ``mesh``; checks every E is a multiple."""
+  groups.check_axes(mesh, configs[0].axis_names)
+  num_ranks = groups.group_size(mesh, configs[0].axis_names)
+  for c in configs:
+    c.experts_per_rank(num_ranks)
   return num_ranks
 
 
-def initialize(config: EpConfig, mesh: jax.sharding.Mesh, *, backend: str | None = None) -> None:
+def initialize(config: EpConfig | Sequence[EpConfig], mesh: jax.sharding.Mesh, *,
+               backend: str | None = None) -> None:
   """Prepares jax_ep for ``config`` on ``mesh``; call before jit, on every process.
+
+  ``config``: the EpConfig, or a sequence of every EpConfig, that ops will be
+  traced with in this process (e.g. ``initialize((train, decode), mesh)``);
+  each call replaces the previous set, so pass them all in one call. They must
+  share ``axis_name``, ``timeout_s``, ``mask_on_timeout`` and ``num_sms``
+  (config.PROCESS_WIDE_FIELDS); sizes, enable_* flags, debug_checks and
+  fallback may differ. On CUDA one set of symmetric buffers serves them all,
+  sized for the element-wise maximum of their sizes (jax_ep.buffers
+  sizing_config; jax_ep.buffer_bytes((a, b), R) gives its bytes), and every
+  kernel runs with its own call's sizes.
 
   Picks the backend (``backend=`` or env ``JAX_EP_BACKEND``: "auto" (default),
   "cuda" or "xla"; auto takes the CUDA kernels when the mesh is on GPUs and
   the CUDA extension loads, else the portable XLA backend) and allocates what
-  it needs. Idempotent for the same config; a different config re-sizes the
-  backend's buffers (the transport stays up). Clears every rank mask.
+  it needs. Idempotent for the same configs. Another set re-sizes the
+  backend's buffers (the transport stays up) when its sizing differs, which
+  also clears JAX's caches (executables hold the buffers' addresses); a set
+  that drops a config held before clears them too, so a function traced with
+  that config is traced again (and refused). Clears every rank mask.
 
   Raises:
-    EpConfigError: the axes are not in the mesh or E is not a multiple of R.
+    EpConfigError: the axes are not in the mesh, E is not a multiple of R, or
+      the configs differ in a field they must share (the message names it).
     EpError: the chosen backend cannot start (the message says why).
   """
   global _state
-  if not isinstance(config, EpConfig):
-    raise EpConfigError(f"initialize() needs an EpConfig, got {type(config).__name__}")
-  num_ranks = _group_size(config, mesh)
+  configs = _as_configs(config, "initialize")
+  num_ranks = _group_size(configs, mesh)
   choice = _choose_backend(backend or os.environ.get("JAX_EP_BACKEND", "auto"), mesh)
   previous = _state
-  if (previous is not None and previous.config == config and previous.mesh == mesh
+  if (previous is not None and previous.configs == configs and previous.mesh == mesh
       and previous.backend_name == choice and not previous.masked_ranks()):
     return
+  # A set-up with masked ranks starts over on fresh buffers (a masked peer may
+  # have left them mid-protocol), as with any change of the CUDA buffers' sizing.
+  was_masked = previous is not None and bool(previous.masked_ranks())
   unmask_all()  # masks name ranks of the previous set-up
+  if previous is not None and not set(previous.configs) <= set(configs):
+    # Traces cached for a dropped config would still run; trace them again.
+    jax.clear_caches()
   if choice == "xla":
     if previous is not None and previous.cuda is not None:
       previous.cuda.release_buffers()
-    _state = RuntimeState(config=config, num_ranks=num_ranks, backend=XlaBackend(), mesh=mesh)
+    _state = RuntimeState(config=configs[0], num_ranks=num_ranks, backend=XlaBackend(),
+                          mesh=mesh, configs=configs)
     return
   from jax_ep import cuda_runtime  # pylint: disable=import-outside-toplevel
-  if previous is not None and previous.cuda is not None:
-    # Compiled executables (and command buffers captured from them) hold the
-    # old buffers' addresses: drop them before the buffers move.
-    jax.clear_caches()
-  runtime = cuda_runtime.initialize(config, mesh, previous.cuda if previous else None)
-  _state = RuntimeState(config=config, num_ranks=num_ranks, backend=CudaBackend(), mesh=mesh,
-                        cuda=runtime)
+  runtime = cuda_runtime.initialize(configs, mesh, previous.cuda if previous else None,
+                                    reallocate=was_masked)
+  _state = RuntimeState(config=configs[0], num_ranks=num_ranks, backend=CudaBackend(),
+                        mesh=mesh, cuda=runtime, configs=configs)
 
 
 def finalize() -> None:
@@ -200,16 +246,27 @@ def require(config: EpConfig, op: str, *, every_rank: bool = False) -> RuntimeSt
         f"jax_ep.{op}: an earlier jax_ep op ({fault['op']}) {what}; the EP group is out of "
         "step. Restart it: jax_ep.finalize() and jax_ep.initialize() on every rank "
         "(docs/reliability.md)")
-  if current.config != config:
-    raise EpConfigError(
-        f"jax_ep.{op}: jax_ep was initialized with {current.config} but this call uses "
-        f"{config}; call jax_ep.initialize(config, mesh) with the config you use")
+  if config not in current.configs:
+    raise EpConfigError(_not_held(config, current.configs, op))
   if every_rank and current.masked_ranks():
     raise EpError(
         f"jax_ep.{op}: ranks {current.masked_ranks()} are masked; rank masking covers the "
         "low-latency ops only, and this op needs every EP rank (jax_ep.unmask_all() to lift "
         "the masks)")
   return current
+
+
+def _not_held(config: EpConfig, held: tuple[EpConfig, ...], op: str) -> str:
+  """Why ``config`` is refused: the fields where it differs from the closest
+  held config (fewest differing fields, the first of a tie), and the fix."""
+  closest = min(held, key=lambda c: len(differences(c, config)))
+  which = ("a config" if len(held) == 1 else
+           f"{len(held)} configs, none equal to this call's; the closest, configs"
+           f"[{held.index(closest)}],")
+  return (f"jax_ep.{op}: jax_ep was initialized with {which} that differs from this call's "
+          f"in {describe_differences(closest, config, 'initialized', 'this call')}. Pass "
+          "every config you trace with to jax_ep.initialize, on every process: "
+          "jax_ep.initialize((config_a, config_b), mesh)")
 
 
 # ---------------------------------------------------------------- rank masking
@@ -283,10 +340,12 @@ def status() -> dict:
 
 
 @contextlib.contextmanager
-def lowering_only(config: EpConfig, mesh: jax.sharding.Mesh, backend: str = "cuda"):
+def lowering_only(config: EpConfig | Sequence[EpConfig], mesh: jax.sharding.Mesh,
+                  backend: str = "cuda"):
   """Traces jax_ep ops for ``backend`` without starting it (no GPU needed).
 
-  For inspecting what an op lowers to, e.g.
+  ``config``: one EpConfig or several, as for initialize(). For inspecting
+  what an op lowers to, e.g.
   ``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))``; the result
   cannot run. Restores the previous state on exit.
   """
@@ -294,10 +353,11 @@ def lowering_only(config: EpConfig, mesh: jax.sharding.Mesh, backend: str = "cud
   backends = {"cuda": CudaBackend, "xla": XlaBackend}
   if backend not in backends:
     raise EpConfigError(f"backend must be one of {sorted(backends)}, got {backend!r}")
-  num_ranks = _group_size(config, mesh)
+  configs = _as_configs(config, "lowering_only")
+  num_ranks = _group_size(configs, mesh)
   previous = _state
-  _state = RuntimeState(config=config, num_ranks=num_ranks, backend=backends[backend](),
-                        mesh=mesh)
+  _state = RuntimeState(config=configs[0], num_ranks=num_ranks, backend=backends[backend](),
+                        mesh=mesh, configs=configs)
   try:
     yield
   finally:

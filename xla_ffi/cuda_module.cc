@@ -3,9 +3,12 @@
 // bootstrap, symmetric buffers, the fault word). Errors raise RuntimeError
 // with the runtime's message.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -82,6 +85,43 @@ NB_MODULE(_jax_ep_cuda, m) {
     return d;
   });
 
+  // The handlers' check of a call against the allocation, without a GPU
+  // (xla_ffi/cuda/handler_common.h CallDims): the dims a call traced with
+  // `traced` (the "config" attribute jax_ep/backends/cuda.py config_attr
+  // builds, as ints) runs with on buffers allocated for the given sizes, or
+  // ValueError with the message the handlers return.
+  m.def("call_dims", [](int num_ranks, int num_experts, int hidden, int max_tokens,
+                        int ll_max_tokens, int num_topk,
+                        const std::map<std::string, int64_t>& traced, bool low_latency,
+                        bool high_throughput) {
+    const EpDims allocated =
+        MakeDims(num_ranks, 0, num_experts, hidden, max_tokens, ll_max_tokens, num_topk);
+    jax_ep::ffi_cuda::CallConfig config{};
+    const std::pair<const char*, int64_t*> fields[] = {
+        {"num_ranks", &config.num_ranks}, {"num_experts", &config.num_experts},
+        {"hidden", &config.hidden}, {"max_tokens", &config.max_tokens},
+        {"ll_max_tokens", &config.ll_max_tokens}, {"num_topk", &config.num_topk}};
+    for (const auto& [name, field] : fields) {
+      auto it = traced.find(name);
+      if (it == traced.end()) throw std::invalid_argument(std::string("traced lacks ") + name);
+      *field = it->second;
+    }
+    EpDims call{};
+    const std::string why =
+        jax_ep::ffi_cuda::CallDims(config, allocated, low_latency, high_throughput, &call);
+    if (!why.empty()) throw std::invalid_argument(why);
+    nb::dict d;
+    d["num_ranks"] = call.num_ranks;
+    d["rank"] = call.rank;
+    d["num_experts"] = call.num_experts;
+    d["experts_per_rank"] = call.experts_per_rank;
+    d["hidden"] = call.hidden;
+    d["max_tokens"] = call.max_tokens;
+    d["ll_max_tokens"] = call.ll_max_tokens;
+    d["num_topk"] = call.num_topk;
+    return d;
+  });
+
   m.def("get_unique_id", []() {
     std::string uid;
     Check(Runtime::Get().GetUniqueId(&uid));
@@ -110,6 +150,7 @@ NB_MODULE(_jax_ep_cuda, m) {
   // not arrive: it died); never raises, so that a survivor can exit.
   m.def("finalize", []() { return Runtime::Get().Finalize(); });
   m.def("initialized", []() { return Runtime::Get().initialized(); });
+  m.def("allocated", []() { return Runtime::Get().allocated(); });
   m.def("status", []() {
     const auto s = Runtime::Get().status();
     nb::dict d;

@@ -159,6 +159,22 @@ def test_high_throughput_ops_lower_to_the_cuda_targets(fp8):
   assert "-> tensor<8x256xbf16>" in calls[1]
 
 
+def test_e8m0_scale_rows_reach_the_kernel_as_whole_words():
+  """Hidden 256: 2 float8_e8m0fnu scales (2 bytes) per row. The HT dispatch kernel
+  moves scale rows as 4-byte words (its handler refuses anything else), so the
+  backend pads them to 4 columns for the call and returns the 2 the caller gave."""
+  def fn(x, idx, w):
+    payload = jax_ep.fp8.quantize(x, round_scale=True, scale_dtype=jnp.float8_e8m0fnu)
+    return jax_ep.dispatch(payload, idx, w, config=CONFIG, capacity=12).scales
+
+  text = _lower_for_cuda(fn, ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
+                         ((16, 4), jnp.float32))
+  (call,) = _custom_calls(text)
+  assert "tensor<8x4xf8E8M0FNU>" in call.split(" -> ")[0], call
+  assert "-> (tensor<12x256xf8E4M3FN>, tensor<12x4xf8E8M0FNU>," in call, call
+  assert re.search(r"-> tensor<1x12x2xf8E8M0FNU>|tensor<12x2xf8E8M0FNU>", text), text[-2000:]
+
+
 def test_high_throughput_gradients_lower_to_the_cuda_targets():
   """dispatch's backward is a combine, combine's a dispatch along the handle: both kernels."""
   def fn(x, idx, w):
@@ -575,3 +591,59 @@ def test_low_latency_dispatch_with_weights_carries_them_on_the_kernel():
     else:  # rows, no row values, row_weights, recv_src, count, topk_idx, no topk_weights
       assert ("(tensor<8x16x256xbf16>, tensor<8x0xf32>, tensor<8x16xf32>, tensor<8x16xi32>, "
               "tensor<8xi32>, tensor<8x4xi32>, tensor<8x0xf32>) ->" in calls[1]), calls[1]
+
+
+# ------------------------------------------------------------------ several configs
+def test_each_call_of_two_configs_lowers_with_its_own_config():
+  """initialize((a, b)): one program with the HT and LL ops of both configs;
+  every custom call's config attribute is its own config's (the dims its kernel
+  runs with), and its shapes agree with it."""
+  a = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=8, num_topk=4,
+                      fallback="error")
+  b = jax_ep.EpConfig(num_experts=8, hidden=128, max_tokens_per_rank=4, num_topk=2,
+                      low_latency_max_tokens_per_rank=2, fallback="error")
+  mesh = jax.make_mesh((2,), ("ep",), devices=jax.devices()[:2])
+
+  def round_trips(config):
+    def fn(x, idx, w):
+      d = jax_ep.dispatch(x, idx, w, config=config)
+      ll = jax_ep.low_latency_dispatch(x[:config.ll_max_tokens], idx[:config.ll_max_tokens],
+                                       config=config)
+      return (jax_ep.combine(d.x, d.handle, config=config),
+              jax_ep.low_latency_combine(ll.x, idx[:config.ll_max_tokens],
+                                         w[:config.ll_max_tokens], ll.handle, config=config))
+    return fn
+
+  def both(xa, ia, wa, xb, ib, wb):
+    return round_trips(a)(xa, ia, wa), round_trips(b)(xb, ib, wb)
+
+  shapes = []
+  for c in (a, b):
+    t = 2 * c.max_tokens_per_rank
+    shapes += [((t, c.hidden), jnp.bfloat16), ((t, c.num_topk), jnp.int32),
+               ((t, c.num_topk), jnp.float32)]
+  args = [jax.ShapeDtypeStruct(s, d, sharding=NamedSharding(mesh, P("ep"))) for s, d in shapes]
+  with lowering_only((a, b), mesh, backend="cuda"):
+    mapped = jax.jit(jax.shard_map(both, mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
+    text = mapped.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert "all_to_all" not in text and "jax_ep_cpu_" not in text
+  calls = _custom_calls(text)
+  by_hidden = {a.hidden: a, b.hidden: b}
+  seen = {a: [], b: []}
+  for call in calls:
+    config = by_hidden[int(_attr(call, "hidden").split()[0])]
+    for name, value in jax_ep.backends.cuda.config_attr(config, 2).items():
+      assert _attr(call, name) == f"{int(value)} : i64", (name, call)
+    seen[config].append(_targets([call])[0])
+    # Its operands and results are its config's shapes.
+    e_local, rows = config.num_experts // 2, 2 * config.ll_max_tokens
+    if "@jax_ep_ll_dispatch" in call:
+      assert f"(tensor<{config.ll_max_tokens}x{config.hidden}xbf16>, " \
+             f"tensor<{config.ll_max_tokens}x{config.num_topk}xi32>," in call, call
+      assert f"-> (tensor<{e_local}x{rows}x{config.hidden}xbf16>" in call, call
+    if "@jax_ep_ht_dispatch" in call:
+      assert f"(tensor<{config.max_tokens_per_rank}x{config.hidden}xbf16>, " in call, call
+      assert f"-> (tensor<{2 * config.max_tokens_per_rank}x{config.hidden}xbf16>" in call, call
+  for config in (a, b):
+    assert sorted(seen[config]) == ["jax_ep_ht_combine", "jax_ep_ht_dispatch",
+                                    "jax_ep_ll_combine", "jax_ep_ll_dispatch"], seen

@@ -159,7 +159,7 @@ def _assert_no_collective(per_shard, mesh, args, check_vma: bool) -> None:
                                  check_vma=check_vma))
   if ON_CPU:
     from jax_ep import runtime  # pylint: disable=import-outside-toplevel
-    with runtime.lowering_only(state.config, state.mesh, backend="cuda"):
+    with runtime.lowering_only(state.configs, state.mesh, backend="cuda"):
       text = mapped.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   else:
     text = mapped.trace(*args).lower().as_text()

@@ -30,29 +30,65 @@ std::string ShapeText(ffi::Span<const int64_t> dims) {
   return text + "]";
 }
 
-ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const CallConfig& traced,
-                                              int32_t device_ordinal, bool need_low_latency,
-                                              bool need_high_throughput) {
+std::string CallDims(const CallConfig& traced, const cuda::EpDims& allocated,
+                     bool low_latency, bool high_throughput, cuda::EpDims* call) {
+  cuda::EpDims t{static_cast<int32_t>(traced.num_ranks), allocated.rank,
+                 static_cast<int32_t>(traced.num_experts), 0,
+                 static_cast<int32_t>(traced.hidden), static_cast<int32_t>(traced.max_tokens),
+                 static_cast<int32_t>(traced.ll_max_tokens),
+                 static_cast<int32_t>(traced.num_topk)};
+  if (traced.num_ranks != allocated.num_ranks) {
+    return "compiled for an EP group of " + std::to_string(traced.num_ranks) +
+           " ranks, but the runtime's group has " + std::to_string(allocated.num_ranks) +
+           "; re-trace after jax_ep.initialize with this config's mesh";
+  }
+  // Which traced dims exceed the allocation (the families this op uses only).
+  std::string over;
+  auto check = [&over](const char* name, int64_t value, int32_t limit) {
+    if (value > limit) {
+      over += std::string(over.empty() ? "" : ", ") + name + " " + std::to_string(value) +
+              " > " + std::to_string(limit);
+    }
+  };
+  check("E", traced.num_experts, allocated.num_experts);
+  check("H", traced.hidden, allocated.hidden);
+  check("K", traced.num_topk, allocated.num_topk);
+  if (high_throughput) check("T", traced.max_tokens, allocated.max_tokens);
+  if (low_latency) check("T_ll", traced.ll_max_tokens, allocated.ll_max_tokens);
+  if (!over.empty()) {
+    return "compiled for " + DimsText(t) + ", but the buffers were allocated for at most " +
+           DimsText(allocated) + " (the largest of each size over the configs given to "
+           "jax_ep.initialize): " + over + ". Pass this config to jax_ep.initialize with the "
+           "others and re-trace";
+  }
+  if (traced.num_experts <= 0 || traced.hidden <= 0 || traced.num_topk <= 0 ||
+      traced.max_tokens <= 0 || traced.ll_max_tokens <= 0 ||
+      traced.num_experts % traced.num_ranks != 0) {
+    return "compiled for " + DimsText(t) + ": sizes must be positive and E a multiple of R";
+  }
+  t.experts_per_rank = t.num_experts / t.num_ranks;
+  *call = t;
+  return "";
+}
+
+ffi::ErrorOr<CallRuntime> RuntimeFor(const char* op, const CallConfig& traced,
+                                     int32_t device_ordinal, bool need_low_latency,
+                                     bool need_high_throughput) {
   const cuda::Runtime& runtime = cuda::Runtime::Get();
   if (!runtime.initialized() || !runtime.allocated()) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition, 
         std::string("jax_ep ") + op + ": the CUDA runtime is not initialised (or was finalised); "
         "call jax_ep.initialize(config, mesh) before running compiled jax_ep ops");
   }
-  const cuda::EpDims& d = runtime.dims();
-  if (d.num_ranks != traced.num_ranks || d.num_experts != traced.num_experts ||
-      d.hidden != traced.hidden || d.max_tokens != traced.max_tokens ||
-      d.ll_max_tokens != traced.ll_max_tokens || d.num_topk != traced.num_topk) {
-    cuda::EpDims t{static_cast<int32_t>(traced.num_ranks), 0,
-                   static_cast<int32_t>(traced.num_experts), 0,
-                   static_cast<int32_t>(traced.hidden), static_cast<int32_t>(traced.max_tokens),
-                   static_cast<int32_t>(traced.ll_max_tokens),
-                   static_cast<int32_t>(traced.num_topk)};
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, 
-        std::string("jax_ep ") + op + ": compiled for " + DimsText(t) +
-        " but the runtime is initialised for " + DimsText(d) +
-        "; re-trace after jax_ep.initialize with this config");
+  CallRuntime call{&runtime, {}, runtime.ll_context(), runtime.ht_context()};
+  const std::string why = CallDims(traced, runtime.dims(), need_low_latency,
+                                   need_high_throughput, &call.dims);
+  if (!why.empty()) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, std::string("jax_ep ") + op + ": " +
+                                                               why);
   }
+  call.ll.dims = call.dims;
+  call.ht.dims = call.dims;
   if (device_ordinal != runtime.device()) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition, 
         std::string("jax_ep ") + op + ": running on device " + std::to_string(device_ordinal) +
@@ -62,14 +98,14 @@ ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const CallConfig& 
   if (need_low_latency && !runtime.low_latency()) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition, 
         std::string("jax_ep ") + op + ": low-latency buffers were not allocated "
-        "(EpConfig(enable_low_latency=False))");
+        "(EpConfig(enable_low_latency=False) in every config given to jax_ep.initialize)");
   }
   if (need_high_throughput && !runtime.high_throughput()) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition, 
         std::string("jax_ep ") + op + ": high-throughput buffers were not allocated "
-        "(EpConfig(enable_high_throughput=False))");
+        "(EpConfig(enable_high_throughput=False) in every config given to jax_ep.initialize)");
   }
-  return &runtime;
+  return call;
 }
 
 namespace {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/ep_types.h"
+#include "cuda/ht_types.h"
 #include "cuda/runtime.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -34,12 +36,39 @@ struct CallConfig {
 
 std::string DimsText(const cuda::EpDims& d);
 
-// Checks the runtime is up, sized for the traced config and on this device;
-// returns the runtime. Pending faults are the status check's (below), which
-// runs before the call in its computation.
-ffi::ErrorOr<const cuda::Runtime*> RuntimeFor(const char* op, const CallConfig& traced,
-                                              int32_t device_ordinal, bool need_low_latency,
-                                              bool need_high_throughput);
+// The dims a call runs with: its traced config's, with this process's EP rank;
+// or why the buffers, allocated for `allocated`, cannot serve it ("" on success).
+//
+// One allocation serves every config given to jax_ep.initialize: it is sized
+// for their element-wise maximum (jax_ep/buffers.py sizing_config). Every
+// kernel gets its own call's dims, never the allocation's: it indexes the
+// symmetric buffers with them, except for the strides the runtime fixed at
+// allocation (LlBuffers::message_bytes, HtBuffers::row_bytes and
+// chunks_per_source), which are the same on every rank. Each buffer's extent
+// is a product of dims (and of those strides), so a call whose every dim is
+// at most the allocation's stays inside every buffer; senders and receivers
+// agree on the layout because every rank runs the same call. Hence the rule
+// checked here: the same R, and E, H, K (and T for the HT ops, T_ll for the
+// LL ops) at most the allocation's.
+std::string CallDims(const CallConfig& traced, const cuda::EpDims& allocated,
+                     bool low_latency, bool high_throughput, cuda::EpDims* call);
+
+// What a handler runs with: the runtime, this call's dims, and the runtime's
+// kernel contexts with those dims (the buffers' addresses and strides stay the
+// allocation's).
+struct CallRuntime {
+  const cuda::Runtime* runtime;
+  cuda::EpDims dims;
+  cuda::LlContext ll;
+  cuda::HtContext ht;
+};
+
+// Checks the runtime is up, its buffers can serve the traced config (CallDims)
+// and it is on this device. Pending faults are the status check's (below),
+// which runs before the call in its computation.
+ffi::ErrorOr<CallRuntime> RuntimeFor(const char* op, const CallConfig& traced,
+                                     int32_t device_ordinal, bool need_low_latency,
+                                     bool need_high_throughput);
 
 ffi::Error LaunchError(const char* op, cudaError_t err);
 

@@ -1,6 +1,7 @@
 // XLA FFI handlers (CUDA) of the high-throughput ops. Command-buffer
 // compatible: kernels only, no host sync, sequence numbers on the device.
-// Every target binds the traced EpConfig as one struct attribute, "config".
+// Every target binds the traced EpConfig as one struct attribute, "config";
+// the kernels run with its dims (handler_common.h CallDims).
 //
 //   jax_ep_ht_dispatch(x [T,H] bf16|f16|f32|f8e4m3fn, scales [T,S] (S = 0: none),
 //                      topk_idx s32[T,K], topk_weights f32[T,K]; capacity) ->
@@ -46,7 +47,7 @@ ffi::Error HtDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config
                           StatusToken /*status_token*/) {
   auto runtime_or = RuntimeFor(kDispatch, config, device, false, /*need_high_throughput=*/true);
   if (runtime_or.has_error()) return runtime_or.error();
-  const cuda::Runtime& runtime = **runtime_or;
+  const CallRuntime& call = *runtime_or;  // the kernel runs with call.ht (this call's dims)
   auto x_dims = x.dimensions();
   const ffi::DataType x_type = x.element_type();
   if (x_dims.size() != 2 || x_dims[1] != config.hidden || x_dims[0] > config.max_tokens ||
@@ -68,9 +69,15 @@ ffi::Error HtDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config
   }
   // Rows wider than the receive buffers' rows (float32) move in several
   // launches, one per column range; each launch also rewrites the routing
-  // outputs, with the same values.
+  // outputs, with the same values. The receive rows are the allocation's (at
+  // least this call's H wide when several configs share the buffers).
   const size_t row_bytes = RowBytes(x);
-  const size_t buffer_row_bytes = runtime.layout().ht_row_bytes / 16 * 16;
+  const size_t buffer_row_bytes = call.runtime->layout().ht_row_bytes / 16 * 16;
+  if (scale_bytes % 4 != 0) {  // the kernel moves scale rows as 4-byte words
+    return ffi::Error::InvalidArgument(
+        "jax_ep dispatch: a scale row must be a whole number of 4-byte words, got " +
+        std::to_string(scale_bytes) + " bytes (jax_ep.dispatch pads float8_e8m0fnu scales)");
+  }
   if (scale_bytes != 0 && row_bytes > buffer_row_bytes) {
     return ffi::Error::InvalidArgument("jax_ep dispatch: rows with scales must fit one pass");
   }
@@ -100,7 +107,7 @@ ffi::Error HtDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config
     pass.x = static_cast<const char*>(args.x) + offset;
     pass.out_x = static_cast<char*>(args.out_x) + offset;
     pass.row_bytes = std::min(buffer_row_bytes, row_bytes - offset);
-    err = cuda::LaunchHtDispatch(runtime.ht_context(), pass, stream);
+    err = cuda::LaunchHtDispatch(call.ht, pass, stream);
   }
   if (err == cudaErrorInvalidValue) {
     return ffi::Error::InvalidArgument(
@@ -127,17 +134,18 @@ ffi::Error HtCombineImpl(cudaStream_t stream, int32_t device, CallConfig config,
                          StatusToken /*status_token*/) {
   auto runtime_or = RuntimeFor(kCombine, config, device, false, /*need_high_throughput=*/true);
   if (runtime_or.has_error()) return runtime_or.error();
-  const cuda::Runtime& runtime = **runtime_or;
+  const CallRuntime& call = *runtime_or;  // the kernels run with call.ht (this call's dims)
   auto row_type = CombineRowType(y.element_type());
   if (row_type.has_error()) return row_type.error();
   auto y_dims = y.dimensions();
   if (y_dims.size() != 2 || y_dims[0] != capacity || RowBytes(y) % 16 != 0 || y_dims[1] == 0 ||
       recv_src.dimensions()[0] != capacity || send_row.dimensions()[1] != config.num_ranks ||
+      send_row.dimensions()[0] > config.max_tokens ||
       out->element_type() != y.element_type() || out->dimensions().size() != 2 ||
       out->dimensions()[0] != send_row.dimensions()[0] || out->dimensions()[1] != y_dims[1]) {
-    return ffi::Error::InvalidArgument("jax_ep combine: y must be [C, W] matching the handle, "
-                                       "with W * element size a multiple of 16 bytes; got " +
-                                       ShapeText(y_dims));
+    return ffi::Error::InvalidArgument("jax_ep combine: y must be [C, W] matching the handle "
+                                       "(of at most T tokens), with W * element size a "
+                                       "multiple of 16 bytes; got " + ShapeText(y_dims));
   }
   cuda::HtCombineArgs args{};
   args.y = y.untyped_data();
@@ -149,7 +157,7 @@ ffi::Error HtCombineImpl(cudaStream_t stream, int32_t device, CallConfig config,
   args.num_columns = static_cast<int>(y_dims[1]);
   args.row_type = *row_type;
   args.out = out->untyped_data();
-  return LaunchError(kCombine, cuda::LaunchHtCombine(runtime.ht_context(), args, stream));
+  return LaunchError(kCombine, cuda::LaunchHtCombine(call.ht, args, stream));
 }
 
 }  // namespace

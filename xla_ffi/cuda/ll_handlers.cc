@@ -2,7 +2,9 @@
 // buffers and launches kernels on XLA's stream; no allocation, no host sync and
 // no per-call host state (parity and sequence numbers live on the device), so
 // every handler is command-buffer compatible. Every target binds the traced
-// EpConfig as one struct attribute, "config". T_ll = config.ll_max_tokens.
+// EpConfig as one struct attribute, "config"; the kernels run with its dims,
+// which the buffers must be able to serve (handler_common.h CallDims), and the
+// shapes below are those dims'. T_ll = config.ll_max_tokens.
 //
 // Custom calls (jax_ep/backends/cuda.py builds them); a trailing dimension of
 // 0 marks an optional operand or result as absent:
@@ -46,9 +48,8 @@ ffi::Error Invalid(const char* op, const std::string& what) {
   return ffi::Error::InvalidArgument(std::string("jax_ep ") + op + ": " + what);
 }
 
-ffi::Error CheckDispatchInputs(const cuda::Runtime& runtime, bool use_fp8,
-                               const ffi::AnyBuffer& x, const S32Matrix& topk_idx) {
-  const cuda::EpDims& d = runtime.dims();
+ffi::Error CheckDispatchInputs(const cuda::EpDims& d, bool use_fp8, const ffi::AnyBuffer& x,
+                               const S32Matrix& topk_idx) {
   auto dims = x.dimensions();
   if (x.element_type() != ffi::DataType::BF16 || dims.size() != 2 || dims[1] != d.hidden ||
       dims[0] > d.ll_max_tokens) {
@@ -78,10 +79,9 @@ int64_t RowsPerExpert(const cuda::EpDims& d) {
   return static_cast<int64_t>(d.num_ranks) * d.ll_max_tokens;
 }
 
-ffi::Error CheckDispatchOutputs(const cuda::Runtime& runtime, bool use_fp8, int64_t num_tokens,
+ffi::Error CheckDispatchOutputs(const cuda::EpDims& d, bool use_fp8, int64_t num_tokens,
                                 ffi::Result<ffi::AnyBuffer>& x, ffi::Result<F32Rank3>& scales,
                                 ffi::Result<S32Vector>& count, ffi::Result<S32Matrix>& recv_src) {
-  const cuda::EpDims& d = runtime.dims();
   auto x_dims = x->dimensions();
   if (x_dims.size() != 3 || x_dims[0] != d.experts_per_rank || x_dims[1] != RowsPerExpert(d) ||
       x_dims[2] != d.hidden ||
@@ -99,11 +99,10 @@ ffi::Error CheckDispatchOutputs(const cuda::Runtime& runtime, bool use_fp8, int6
 }
 
 // topk_weights of a dispatch: [tokens, K], or [tokens, 0] (none).
-ffi::Error CheckDispatchWeights(const cuda::Runtime& runtime, int64_t num_tokens,
+ffi::Error CheckDispatchWeights(const cuda::EpDims& d, int64_t num_tokens,
                                 const F32Matrix& topk_weights) {
   const int64_t width = topk_weights.dimensions()[1];
-  if (topk_weights.dimensions()[0] != num_tokens ||
-      (width != 0 && width != runtime.dims().num_topk)) {
+  if (topk_weights.dimensions()[0] != num_tokens || (width != 0 && width != d.num_topk)) {
     return Invalid(kDispatch, "topk_weights must be [tokens, K] (or [tokens, 0]: none), got " +
                                   ShapeText(topk_weights.dimensions()));
   }
@@ -111,9 +110,8 @@ ffi::Error CheckDispatchWeights(const cuda::Runtime& runtime, int64_t num_tokens
 }
 
 // The rows' weights a dispatch returns: [E_local, R*T_ll] with weights, else [E_local, 0].
-ffi::Error CheckRowWeightsOut(const cuda::Runtime& runtime, bool with_weights,
+ffi::Error CheckRowWeightsOut(const cuda::EpDims& d, bool with_weights,
                               ffi::Result<F32Matrix>& out_weights) {
-  const cuda::EpDims& d = runtime.dims();
   if (out_weights->dimensions()[0] != d.experts_per_rank ||
       out_weights->dimensions()[1] != (with_weights ? RowsPerExpert(d) : 0)) {
     return Invalid(kDispatch, "weights must be [E_local, R*T_ll] with topk_weights, else "
@@ -122,9 +120,8 @@ ffi::Error CheckRowWeightsOut(const cuda::Runtime& runtime, bool with_weights,
   return ffi::Error::Success();
 }
 
-ffi::Error CheckHandle(const cuda::Runtime& runtime, int64_t num_tokens,
-                       const S32Matrix& recv_src, const S32Vector& count) {
-  const cuda::EpDims& d = runtime.dims();
+ffi::Error CheckHandle(const cuda::EpDims& d, int64_t num_tokens, const S32Matrix& recv_src,
+                       const S32Vector& count) {
   if (count.dimensions()[0] != d.experts_per_rank ||
       recv_src.dimensions()[0] != d.experts_per_rank ||
       recv_src.dimensions()[1] != RowsPerExpert(d) || num_tokens < 0 ||
@@ -135,9 +132,8 @@ ffi::Error CheckHandle(const cuda::Runtime& runtime, int64_t num_tokens,
 }
 
 // y: bf16 [E_local, R*T_ll, H], or [E_local, R*T_ll, 0] when `optional`.
-ffi::ErrorOr<bool> CheckCombineRows(const cuda::Runtime& runtime, const ffi::AnyBuffer& y,
+ffi::ErrorOr<bool> CheckCombineRows(const cuda::EpDims& d, const ffi::AnyBuffer& y,
                                     bool optional) {
-  const cuda::EpDims& d = runtime.dims();
   auto dims = y.dimensions();
   if (y.element_type() != ffi::DataType::BF16 || dims.size() != 3 ||
       dims[0] != d.experts_per_rank || dims[1] != RowsPerExpert(d) ||
@@ -148,9 +144,8 @@ ffi::ErrorOr<bool> CheckCombineRows(const cuda::Runtime& runtime, const ffi::Any
 }
 
 // topk_weights: [T, K], or [T, 0] for the pre-summed combine (`presummed`).
-ffi::Error CheckRouting(const cuda::Runtime& runtime, const S32Matrix& topk_idx,
+ffi::Error CheckRouting(const cuda::EpDims& d, const S32Matrix& topk_idx,
                         const F32Matrix& topk_weights, bool presummed) {
-  const cuda::EpDims& d = runtime.dims();
   const int64_t num_tokens = topk_idx.dimensions()[0];
   if (topk_idx.dimensions()[1] != d.num_topk || topk_weights.dimensions()[0] != num_tokens ||
       topk_weights.dimensions()[1] != (presummed ? 0 : d.num_topk) ||
@@ -163,8 +158,7 @@ ffi::Error CheckRouting(const cuda::Runtime& runtime, const S32Matrix& topk_idx,
 }
 
 // row_weights: [E_local, R*T_ll] (the pre-summed combine) or [E_local, 0].
-ffi::ErrorOr<bool> CheckRowWeights(const cuda::Runtime& runtime, const F32Matrix& row_weights) {
-  const cuda::EpDims& d = runtime.dims();
+ffi::ErrorOr<bool> CheckRowWeights(const cuda::EpDims& d, const F32Matrix& row_weights) {
   if (row_weights.dimensions()[0] != d.experts_per_rank ||
       (row_weights.dimensions()[1] != 0 && row_weights.dimensions()[1] != RowsPerExpert(d))) {
     return Invalid(kCombine, "row_weights must be [E_local, R*T_ll] (the dispatch's weights) or "
@@ -173,9 +167,8 @@ ffi::ErrorOr<bool> CheckRowWeights(const cuda::Runtime& runtime, const F32Matrix
   return row_weights.dimensions()[1] != 0;
 }
 
-ffi::Error CheckCombineOutput(const cuda::Runtime& runtime, int64_t num_tokens,
+ffi::Error CheckCombineOutput(const cuda::EpDims& d, int64_t num_tokens,
                               ffi::Result<ffi::AnyBuffer>& out, bool with_rows) {
-  const cuda::EpDims& d = runtime.dims();
   auto dims = out->dimensions();
   if (out->element_type() != ffi::DataType::BF16 || dims.size() != 2 || dims[0] != num_tokens ||
       dims[1] != (with_rows ? d.hidden : 0)) {
@@ -189,10 +182,13 @@ ffi::Error CheckCombineOutput(const cuda::Runtime& runtime, int64_t num_tokens,
     return err;                           \
   }
 
+// `d`: this call's dims; `ctx`: the LL context with them (handler_common.h CallDims).
 #define JAX_EP_RUNTIME_OR_RETURN(op)                                                  \
   auto runtime_or = RuntimeFor(op, config, device, /*need_low_latency=*/true, false); \
   if (runtime_or.has_error()) return runtime_or.error();                              \
-  const cuda::Runtime& runtime = **runtime_or
+  const CallRuntime& call = *runtime_or;                                              \
+  const cuda::EpDims& d = call.dims;                                                  \
+  const cuda::LlContext& ctx = call.ll
 
 uint32_t* Ticket(ffi::Result<S32Scalar>& ticket) {
   return reinterpret_cast<uint32_t*>(ticket->typed_data());
@@ -209,13 +205,13 @@ ffi::Error LlDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config
                           ffi::Result<F32Matrix> out_weights, ffi::Result<S32Scalar> num_invalid,
                           StatusToken /*status_token*/) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
-  JAX_EP_RETURN_IF_ERROR(CheckDispatchInputs(runtime, use_fp8, x, topk_idx));
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchInputs(d, use_fp8, x, topk_idx));
   const int64_t num_tokens = x.dimensions()[0];
-  JAX_EP_RETURN_IF_ERROR(CheckDispatchOutputs(runtime, use_fp8, num_tokens, out_x, out_scales,
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchOutputs(d, use_fp8, num_tokens, out_x, out_scales,
                                               out_count, out_recv_src));
   const bool with_weights = topk_weights.dimensions()[1] != 0;
-  JAX_EP_RETURN_IF_ERROR(CheckDispatchWeights(runtime, num_tokens, topk_weights));
-  JAX_EP_RETURN_IF_ERROR(CheckRowWeightsOut(runtime, with_weights, out_weights));
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchWeights(d, num_tokens, topk_weights));
+  JAX_EP_RETURN_IF_ERROR(CheckRowWeightsOut(d, with_weights, out_weights));
   cuda::LlDispatchArgs args{};
   args.x = x.untyped_data();
   args.topk_idx = topk_idx.typed_data();
@@ -228,8 +224,7 @@ ffi::Error LlDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config
   args.out_count = out_count->typed_data();
   args.out_recv_src = out_recv_src->typed_data();
   args.out_weights = with_weights ? out_weights->typed_data() : nullptr;
-  return LaunchError(kDispatch, cuda::LaunchLlDispatch(runtime.ll_context(), args,
-                                                       cuda::LlParts::kBoth, stream));
+  return LaunchError(kDispatch, cuda::LaunchLlDispatch(ctx, args, cuda::LlParts::kBoth, stream));
 }
 
 ffi::Error LlCombineImpl(cudaStream_t stream, int32_t device, CallConfig config, ffi::AnyBuffer y,
@@ -238,15 +233,14 @@ ffi::Error LlCombineImpl(cudaStream_t stream, int32_t device, CallConfig config,
                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<F32Matrix> pair_values,
                          StatusToken /*status_token*/) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
-  const cuda::EpDims& d = runtime.dims();
   const int64_t num_tokens = topk_idx.dimensions()[0];
-  JAX_EP_RETURN_IF_ERROR(CheckHandle(runtime, num_tokens, recv_src, count));
-  auto presummed = CheckRowWeights(runtime, row_weights);
+  JAX_EP_RETURN_IF_ERROR(CheckHandle(d, num_tokens, recv_src, count));
+  auto presummed = CheckRowWeights(d, row_weights);
   if (presummed.has_error()) return presummed.error();
-  JAX_EP_RETURN_IF_ERROR(CheckRouting(runtime, topk_idx, topk_weights, *presummed));
-  auto with_rows = CheckCombineRows(runtime, y, /*optional=*/true);
+  JAX_EP_RETURN_IF_ERROR(CheckRouting(d, topk_idx, topk_weights, *presummed));
+  auto with_rows = CheckCombineRows(d, y, /*optional=*/true);
   if (with_rows.has_error()) return with_rows.error();
-  JAX_EP_RETURN_IF_ERROR(CheckCombineOutput(runtime, num_tokens, out, *with_rows));
+  JAX_EP_RETURN_IF_ERROR(CheckCombineOutput(d, num_tokens, out, *with_rows));
   const bool with_values = row_values.dimensions()[1] != 0;
   if (row_values.dimensions()[0] != d.experts_per_rank ||
       (with_values && row_values.dimensions()[1] != RowsPerExpert(d)) ||
@@ -265,8 +259,8 @@ ffi::Error LlCombineImpl(cudaStream_t stream, int32_t device, CallConfig config,
     args.topk_idx = topk_idx.typed_data();
     args.num_tokens = static_cast<int>(num_tokens);
     args.out = out->untyped_data();
-    return LaunchError(kCombine, cuda::LaunchLlCombinePresummed(runtime.ll_context(), args,
-                                                                cuda::LlParts::kBoth, stream));
+    return LaunchError(kCombine,
+                       cuda::LaunchLlCombinePresummed(ctx, args, cuda::LlParts::kBoth, stream));
   }
   cuda::LlCombineArgs args{};
   args.y = *with_rows ? y.untyped_data() : nullptr;
@@ -278,8 +272,7 @@ ffi::Error LlCombineImpl(cudaStream_t stream, int32_t device, CallConfig config,
   args.num_tokens = static_cast<int>(num_tokens);
   args.out = *with_rows ? out->untyped_data() : nullptr;
   args.out_pair_values = with_values ? pair_values->typed_data() : nullptr;
-  return LaunchError(kCombine, cuda::LaunchLlCombine(runtime.ll_context(), args,
-                                                     cuda::LlParts::kBoth, stream));
+  return LaunchError(kCombine, cuda::LaunchLlCombine(ctx, args, cuda::LlParts::kBoth, stream));
 }
 
 // ---- split ops (overlap): the send hands a ticket to its recv.
@@ -289,8 +282,8 @@ ffi::Error LlDispatchSendImpl(cudaStream_t stream, int32_t device, CallConfig co
                               ffi::Result<S32Scalar> ticket,
                               StatusToken /*status_token*/) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
-  JAX_EP_RETURN_IF_ERROR(CheckDispatchInputs(runtime, use_fp8, x, topk_idx));
-  JAX_EP_RETURN_IF_ERROR(CheckDispatchWeights(runtime, x.dimensions()[0], topk_weights));
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchInputs(d, use_fp8, x, topk_idx));
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchWeights(d, x.dimensions()[0], topk_weights));
   cuda::LlDispatchArgs args{};
   args.x = x.untyped_data();
   args.topk_idx = topk_idx.typed_data();
@@ -299,8 +292,7 @@ ffi::Error LlDispatchSendImpl(cudaStream_t stream, int32_t device, CallConfig co
   args.use_fp8 = use_fp8;
   args.num_invalid = num_invalid->typed_data();
   args.ticket_out = Ticket(ticket);
-  return LaunchError(kDispatch, cuda::LaunchLlDispatch(runtime.ll_context(), args,
-                                                       cuda::LlParts::kSend, stream));
+  return LaunchError(kDispatch, cuda::LaunchLlDispatch(ctx, args, cuda::LlParts::kSend, stream));
 }
 
 ffi::Error LlDispatchRecvImpl(cudaStream_t stream, int32_t device, CallConfig config,
@@ -311,10 +303,10 @@ ffi::Error LlDispatchRecvImpl(cudaStream_t stream, int32_t device, CallConfig co
                               ffi::Result<F32Matrix> out_weights,
                               StatusToken /*status_token*/) {
   JAX_EP_RUNTIME_OR_RETURN(kDispatch);
-  JAX_EP_RETURN_IF_ERROR(CheckDispatchOutputs(runtime, use_fp8, num_tokens, out_x, out_scales,
+  JAX_EP_RETURN_IF_ERROR(CheckDispatchOutputs(d, use_fp8, num_tokens, out_x, out_scales,
                                               out_count, out_recv_src));
   const bool with_weights = out_weights->dimensions()[1] != 0;
-  JAX_EP_RETURN_IF_ERROR(CheckRowWeightsOut(runtime, with_weights, out_weights));
+  JAX_EP_RETURN_IF_ERROR(CheckRowWeightsOut(d, with_weights, out_weights));
   cuda::LlDispatchArgs args{};
   args.out_weights = with_weights ? out_weights->typed_data() : nullptr;
   args.num_tokens = static_cast<int>(num_tokens);
@@ -324,8 +316,7 @@ ffi::Error LlDispatchRecvImpl(cudaStream_t stream, int32_t device, CallConfig co
   args.out_scales = use_fp8 ? out_scales->typed_data() : nullptr;
   args.out_count = out_count->typed_data();
   args.out_recv_src = out_recv_src->typed_data();
-  return LaunchError(kDispatch, cuda::LaunchLlDispatch(runtime.ll_context(), args,
-                                                       cuda::LlParts::kRecv, stream));
+  return LaunchError(kDispatch, cuda::LaunchLlDispatch(ctx, args, cuda::LlParts::kRecv, stream));
 }
 
 ffi::Error LlCombineSendImpl(cudaStream_t stream, int32_t device, CallConfig config,
@@ -334,10 +325,10 @@ ffi::Error LlCombineSendImpl(cudaStream_t stream, int32_t device, CallConfig con
                              ffi::Result<S32Scalar> ticket,
                              StatusToken /*status_token*/) {
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
-  JAX_EP_RETURN_IF_ERROR(CheckHandle(runtime, num_tokens, recv_src, count));
-  auto presummed = CheckRowWeights(runtime, row_weights);
+  JAX_EP_RETURN_IF_ERROR(CheckHandle(d, num_tokens, recv_src, count));
+  auto presummed = CheckRowWeights(d, row_weights);
   if (presummed.has_error()) return presummed.error();
-  auto with_rows = CheckCombineRows(runtime, y, /*optional=*/false);
+  auto with_rows = CheckCombineRows(d, y, /*optional=*/false);
   if (with_rows.has_error()) return with_rows.error();
   cuda::LlCombineArgs args{};
   args.y = y.untyped_data();
@@ -346,7 +337,6 @@ ffi::Error LlCombineSendImpl(cudaStream_t stream, int32_t device, CallConfig con
   args.count = count.typed_data();
   args.num_tokens = static_cast<int>(num_tokens);
   args.ticket_out = Ticket(ticket);
-  const cuda::LlContext& ctx = runtime.ll_context();
   return LaunchError(kCombine,
                      *presummed ? cuda::LaunchLlCombinePresummed(ctx, args, cuda::LlParts::kSend,
                                                                  stream)
@@ -360,16 +350,15 @@ ffi::Error LlCombineRecvImpl(cudaStream_t stream, int32_t device, CallConfig con
   JAX_EP_RUNTIME_OR_RETURN(kCombine);
   // No weights here: the send applied the dispatch's (pre-summed combine).
   const bool presummed = topk_weights.dimensions()[1] == 0;
-  JAX_EP_RETURN_IF_ERROR(CheckRouting(runtime, topk_idx, topk_weights, presummed));
+  JAX_EP_RETURN_IF_ERROR(CheckRouting(d, topk_idx, topk_weights, presummed));
   const int64_t num_tokens = topk_idx.dimensions()[0];
-  JAX_EP_RETURN_IF_ERROR(CheckCombineOutput(runtime, num_tokens, out, /*with_rows=*/true));
+  JAX_EP_RETURN_IF_ERROR(CheckCombineOutput(d, num_tokens, out, /*with_rows=*/true));
   cuda::LlCombineArgs args{};
   args.topk_idx = topk_idx.typed_data();
   args.topk_weights = presummed ? nullptr : topk_weights.typed_data();
   args.num_tokens = static_cast<int>(num_tokens);
   args.ticket_in = Ticket(ticket);
   args.out = out->untyped_data();
-  const cuda::LlContext& ctx = runtime.ll_context();
   return LaunchError(kCombine,
                      presummed ? cuda::LaunchLlCombinePresummed(ctx, args, cuda::LlParts::kRecv,
                                                                 stream)
