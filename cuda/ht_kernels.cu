@@ -31,7 +31,7 @@
 //   4. Receivers, and senders once done: take chunks of rows from other
 //      sources below the capacity in (source, chunk) order from a ticket
 //      counter (ht_recv_ticket); one thread waits (bounded) until
-//      chunk_arrived[s][c] equals the chunk's row count, resets it to 0, and
+//      chunk_arrived[s][c] reaches the chunk's row count, resets it to 0, and
 //      the block copies those rows into the XLA outputs while other chunks
 //      are still in flight. Receivers then zero-fill the padding. Every block
 //      counts tokens per local expert of the rows it placed; the last block

@@ -134,6 +134,12 @@
 // for no peer in a combine: under jax.grad, where XLA may run three combines
 // back to back, it wrote a peer's parity-p flag of call n+2 while that peer
 // still waited for call n's (f521f4f, all tokens on one rank's experts).
+// The same credit orders late writes: a cell with two writers (an LL
+// combine's flag of expert e = r is also the pre-summed combine's flag of
+// rank r) gets no write of call n once this rank has moved on to call n+2,
+// since this rank's receive of call n+1 waited for every peer's credit of
+// call n+1, set in that peer's send of call n+1, after its call-n kernel (so
+// every write of call n) ended.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
