@@ -176,6 +176,22 @@ GRAD_SHAPES = [  # (E, K, T, H): K = 1 makes combine's backward run with R > K a
 ]
 
 
+def host_grads(x, idx, w, cot, config):
+  """d(sum_r sum(f32(out_r) * cot_r))/d(x, topk_weights) of dispatch -> _expert
+  -> combine, from jax_ep.host_reference's VJP formulas (global [R, ...]
+  arrays): (grad_x bf16, grad_w float64, sum |terms| of grad_w for its bound)."""
+  layout = hr.ht_dispatch(x, idx, w, config)
+  scale = np.float32(1) + layout.topk_weights.sum(axis=-1, dtype=F32)      # [R, C], exact
+  ct_y = hr.ht_combine_vjp(cot.astype(BF16), layout).astype(F32)          # [R, C, H]
+  ct_rows = (ct_y * scale[..., None]).astype(BF16)
+  terms = ct_y.astype(np.float64) * layout.x.astype(np.float64)
+  ct_scale = np.broadcast_to(terms.sum(-1)[..., None], layout.topk_weights.shape)
+  ct_scale_abs = np.broadcast_to(np.abs(terms).sum(-1)[..., None], layout.topk_weights.shape)
+  want_x, want_w = hr.ht_dispatch_vjp(ct_rows, ct_scale, layout)
+  _, want_abs = hr.ht_dispatch_vjp(ct_rows, ct_scale_abs, layout)
+  return want_x, want_w, want_abs
+
+
 # Every routing on the first shape, the random one on the others.
 GRAD_CASES = ([(GRAD_SHAPES[0], name) for name in GRAD_ROUTINGS] +
               [(shape, "random") for shape in GRAD_SHAPES[1:]])
@@ -225,15 +241,7 @@ def test_ht_gradients_match_host_oracle(shape, routing_name, wrt):
 
   grad_x, grad_w = run(fn, mesh, x, idx, w, cot)
 
-  layout = hr.ht_dispatch(x, idx, w, config)
-  scale = np.float32(1) + layout.topk_weights.sum(axis=-1, dtype=F32)      # [R, C], exact
-  ct_y = hr.ht_combine_vjp(cot.astype(BF16), layout).astype(F32)          # [R, C, H]
-  ct_rows = (ct_y * scale[..., None]).astype(BF16)
-  terms = ct_y.astype(np.float64) * layout.x.astype(np.float64)
-  ct_scale = np.broadcast_to(terms.sum(-1)[..., None], layout.topk_weights.shape)
-  ct_scale_abs = np.broadcast_to(np.abs(terms).sum(-1)[..., None], layout.topk_weights.shape)
-  want_x, want_w = hr.ht_dispatch_vjp(ct_rows, ct_scale, layout)
-  _, want_abs = hr.ht_dispatch_vjp(ct_rows, ct_scale_abs, layout)
+  want_x, want_w, want_abs = host_grads(x, idx, w, cot, config)
   assert_bitwise(grad_x, mine(want_x), "grad x")
   if wrt == "x":
     return

@@ -27,7 +27,7 @@ from fuzz_step import StepCommon, draw_common
 from gpu_testing import BF16, F32, assert_bitwise, dyadic_weights, mine, rows, weights
 from test_expert_major_gpu import _assert_dispatch as assert_expert_major_dispatch
 from test_ht_gpu import _assert_dispatch as assert_token_major_dispatch
-from test_ht_gpu import _expert, _host_expert
+from test_ht_gpu import _expert, _host_expert, host_grads
 
 # Row payloads of a dispatch: bf16 or float32 rows, FP8 pairs with float32 or
 # power-of-two (float8_e8m0fnu) scales.
@@ -184,20 +184,13 @@ class HtGradStep:
 
   def check(self, config: EpConfig, a: dict[str, np.ndarray], out: Any) -> None:
     x, idx, w, cot = a["x"], a["idx"], a["w"], a["cot"]
-    layout = hr.ht_dispatch(x, idx, w, config)
-    scale = np.float32(1) + layout.topk_weights.sum(axis=-1, dtype=F32)      # [R, C], exact
-    ct_y = hr.ht_combine_vjp(cot.astype(BF16), layout).astype(F32)          # [R, C, H]
-    ct_rows = (ct_y * scale[..., None]).astype(BF16)
-    terms = ct_y.astype(np.float64) * layout.x.astype(np.float64)
-    ct_scale = np.broadcast_to(terms.sum(-1)[..., None], layout.topk_weights.shape)
-    ct_scale_abs = np.broadcast_to(np.abs(terms).sum(-1)[..., None], layout.topk_weights.shape)
-    want_x, want_w = hr.ht_dispatch_vjp(ct_rows, ct_scale, layout)
-    _, want_abs = hr.ht_dispatch_vjp(ct_rows, ct_scale_abs, layout)
+    want_x, want_w, want_abs = host_grads(x, idx, w, cot, config)
     assert_bitwise(out["grad_x"], mine(want_x), "grad x")
     if self.wrt != "x":
       _assert_weight_grad(out["grad_w"], mine(want_w), mine(want_abs), config.hidden, mine(idx),
                           config)
     if self.with_forward:
+      layout = hr.ht_dispatch(x, idx, w, config)
       want = hr.ht_combine(_host_expert(layout.x, layout.topk_weights), layout)
       assert_bitwise(out["out"], mine(want), "forward")
 

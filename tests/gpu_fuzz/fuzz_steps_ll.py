@@ -25,10 +25,10 @@ import jax_ep
 from jax_ep import host_reference as hr
 from jax_ep.config import EpConfig
 from fuzz_step import StepCommon, draw_common
-from gpu_testing import (BF16, F32, ON_CPU, assert_bitwise, assert_within_ulp, bits,
-                         dyadic_weights, mine, rows, weights)
+from gpu_testing import (BF16, F32, assert_bitwise, assert_within_ulp, dyadic_weights, mine,
+                         rows, weights)
 from ll_testing import expert, host_expert, host_scale, valid_rows
-from test_ll_gpu import FP8_SCALE_ULPS, LL_COMBINE_ULPS
+from test_ll_gpu import LL_COMBINE_ULPS, assert_fp8_rows
 from test_ll_presummed_gpu import _host_presummed
 
 
@@ -69,14 +69,7 @@ def check_dispatch(d, x: np.ndarray, idx: np.ndarray, w: np.ndarray | None, conf
   if not use_fp8:
     assert_bitwise(d.x[valid], want.x[valid], "rows")
     return
-  assert_within_ulp(d.scales[valid], want.scales[valid], FP8_SCALE_ULPS, "scales")
-  deq = hr.dequantize_fp8(d.x[valid], want.scales[valid])
-  want_deq = hr.dequantize_fp8(want.x[valid], want.scales[valid])
-  step = np.repeat(want.scales[valid].astype(F32), hr.FP8_GROUP, axis=-1) * 32
-  assert np.all(np.abs(deq - want_deq) <= step), (
-      f"FP8 rows: more than one e4m3 step away ({float(np.abs(deq - want_deq).max())})")
-  same = np.mean(bits(d.x[valid]) == bits(want.x[valid]))
-  assert same >= (1.0 if ON_CPU else 0.99), f"FP8 rows: only {same:.4f} of the bytes bitwise"
+  assert_fp8_rows(d, want, valid)
 
 
 def check_combine(out, x: np.ndarray, idx: np.ndarray, w: np.ndarray, config: EpConfig,
