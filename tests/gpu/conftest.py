@@ -57,8 +57,17 @@ def pytest_ignore_collect(collection_path, config):
   return None
 
 
+def pytest_configure(config):
+  config.addinivalue_line("markers", "kernels_only(why): deselected on CPU processes "
+                          "(gpu_testing.kernels_only)")
+
+
 def pytest_collection_modifyitems(config, items):
-  del config
+  if ON_CPU:  # the kernels' own behaviour: nothing to test on the portable backend
+    deselected = [item for item in items if item.get_closest_marker("kernels_only")]
+    if deselected:
+      config.hook.pytest_deselected(items=deselected)
+      items[:] = [item for item in items if item not in deselected]
   skip_all(items, _SKIP)
 
 

@@ -62,6 +62,13 @@ def needs_xla_collective(why: str):
       "GPU, and the processes here share one (JAX_EP_GPUS_SHARED=1)")
 
 
+def kernels_only(why: str):
+  """Marks a test of the CUDA kernels' own behaviour (a handler's check, say),
+  which the portable backend does not have: on CPU processes it is deselected
+  (conftest.py), not skipped, so a run there still skips nothing."""
+  return pytest.mark.kernels_only(why)
+
+
 def missing_gpus() -> str | None:
   """Why the kernels cannot run in this (launched) process, or None.
 

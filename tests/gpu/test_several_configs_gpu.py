@@ -11,9 +11,9 @@ import pytest
 
 import jax_ep
 from jax_ep import host_reference as hr
-from gpu_testing import (BF16, F32, ON_CPU, SHARED_GPU_TIMEOUT_S, TIMEOUT_S, assert_bitwise,
-                         dyadic_weights, ep_mesh, global_routing, gpus_shared, mine, num_ranks,
-                         rng, rows, run)
+from gpu_testing import (BF16, F32, SHARED_GPU_TIMEOUT_S, TIMEOUT_S, assert_bitwise,
+                         dyadic_weights, ep_mesh, global_routing, gpus_shared, kernels_only, mine,
+                         num_ranks, rng, rows, run)
 
 
 def _configs():
@@ -84,7 +84,7 @@ def test_two_configs_alternate_on_one_set_of_buffers():
     _check(a, run(_round_trips(a), mesh, *ia), *ia)
 
 
-@pytest.mark.skipif(ON_CPU, reason="the handlers' check (the portable backend has no buffers)")
+@kernels_only("the handlers' check: the portable backend has no buffers")
 def test_an_executable_the_buffers_no_longer_serve_fails_in_its_handler():
   a, b = _configs()
   mesh = ep_mesh()
