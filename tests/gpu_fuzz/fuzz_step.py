@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 import fuzz_routings
-from gpu_testing import rng
+from gpu_testing import dyadic_weights, rng, rows
 from jax_ep.config import EpConfig
 
 
@@ -57,6 +57,23 @@ class StepCommon:
     """int32[R, T_local, K] of this step's routing."""
     return fuzz_routings.build(self.routing, self.extras, gen, self.tokens, config.num_topk,
                                config.num_experts)
+
+  def grad_inputs(self, config: EpConfig, num_ranks: int) -> dict[str, np.ndarray]:
+    """A gradient step's global inputs: x bf16 [R, T, H], idx, dyadic weights
+    f32 [R, T, K] and the loss's cotangent f32 [R, T, H] (gpu_testing's
+    generators, from this step's seed)."""
+    gen = self.generator()
+    shape = (num_ranks, self.tokens)
+    return {"x": rows(gen, shape + (config.hidden,)), "idx": self.topk_idx(gen, config),
+            "w": dyadic_weights(gen, shape + (config.num_topk,)),
+            "cot": gen.standard_normal(shape + (config.hidden,), dtype=np.float32)}
+
+
+def dispatch_text(what: str, capacity: int | None, combines: int, y_dtype: str) -> str:
+  """describe() of a dispatch step and its back-to-back combines."""
+  cap = f", capacity {capacity}" if capacity else ""
+  tail = f" -> {combines}x combine({y_dtype} rows after the first)" if combines else ""
+  return f"dispatch({what}{cap}){tail}"
 
 
 def draw_common(gen: np.random.Generator, num_ranks: int, token_cap: int,

@@ -23,7 +23,7 @@ import numpy as np
 import jax_ep
 from jax_ep import host_reference as hr
 from jax_ep.config import EpConfig
-from fuzz_step import StepCommon, draw_common
+from fuzz_step import StepCommon, dispatch_text, draw_common
 from gpu_testing import BF16, F32, assert_bitwise, dyadic_weights, mine, rows, weights
 from test_expert_major_gpu import _assert_dispatch as assert_expert_major_dispatch
 from test_ht_gpu import _assert_dispatch as assert_token_major_dispatch
@@ -98,6 +98,16 @@ def _assert_weight_grad(grad_w: np.ndarray, want: np.ndarray, want_abs: np.ndarr
       "grad w of invalid entries")
 
 
+def _grads(loss, x_only: bool, a: dict[str, Any]):
+  """jax.grad of ``loss(x, w) -> (value, aux)`` at a["x"], a["w"], w.r.t. x
+  alone or x and w: (grad_x, grad_w or None, aux)."""
+  if x_only:
+    grad_x, aux = jax.grad(loss, has_aux=True)(a["x"], a["w"])
+    return grad_x, None, aux
+  (grad_x, grad_w), aux = jax.grad(loss, argnums=(0, 1), has_aux=True)(a["x"], a["w"])
+  return grad_x, grad_w, aux
+
+
 # ====================================================================== token-major
 @dataclasses.dataclass(frozen=True)
 class HtRoundTripStep:
@@ -113,10 +123,8 @@ class HtRoundTripStep:
   family: ClassVar[str] = "ht"
 
   def describe(self) -> str:
-    cap = f", capacity {self.capacity}" if self.capacity else ""
-    tail = (f" -> {self.combines}x combine({self.y_dtype} rows after the first)"
-            if self.combines else "")
-    return f"dispatch({self.payload}{cap}){tail}" + self.common.suffix()
+    return (dispatch_text(self.payload, self.capacity, self.combines, self.y_dtype)
+            + self.common.suffix())
 
   def host_inputs(self, config: EpConfig, num_ranks: int) -> dict[str, np.ndarray]:
     gen = self.common.generator()
@@ -161,11 +169,7 @@ class HtGradStep:
             + self.common.suffix())
 
   def host_inputs(self, config: EpConfig, num_ranks: int) -> dict[str, np.ndarray]:
-    gen = self.common.generator()
-    shape = (num_ranks, self.common.tokens)
-    return {"x": rows(gen, shape + (config.hidden,)), "idx": self.common.topk_idx(gen, config),
-            "w": dyadic_weights(gen, shape + (config.num_topk,)),
-            "cot": gen.standard_normal(shape + (config.hidden,), dtype=np.float32)}
+    return self.common.grad_inputs(config, num_ranks)
 
   def device(self, config: EpConfig, a: dict[str, Any]) -> Any:
     idx, cot = a["idx"], a["cot"]
@@ -175,11 +179,7 @@ class HtGradStep:
       out = jax_ep.combine(_expert(d.x, d.topk_weights), d.handle, config=config)
       return jnp.sum(out.astype(jnp.float32) * cot), out
 
-    if self.wrt == "x":
-      grad_x, out = jax.grad(loss, has_aux=True)(a["x"], a["w"])
-      grad_w = None
-    else:
-      (grad_x, grad_w), out = jax.grad(loss, argnums=(0, 1), has_aux=True)(a["x"], a["w"])
+    grad_x, grad_w, out = _grads(loss, self.wrt == "x", a)
     return {"grad_x": grad_x, "grad_w": grad_w, "out": out if self.with_forward else None}
 
   def check(self, config: EpConfig, a: dict[str, np.ndarray], out: Any) -> None:
@@ -264,11 +264,8 @@ class ExpertMajorStep:
   family: ClassVar[str] = "ht"
 
   def describe(self) -> str:
-    cap = f", capacity {self.capacity}" if self.capacity else ""
-    tail = (f" -> {self.combines}x combine({self.y_dtype} rows after the first)"
-            if self.combines else "")
-    return (f"dispatch(expert_major, A={self.alignment}, {self.payload}{cap}){tail}"
-            + self.common.suffix())
+    return (dispatch_text(f"expert_major, A={self.alignment}, {self.payload}", self.capacity,
+                          self.combines, self.y_dtype) + self.common.suffix())
 
   def host_inputs(self, config: EpConfig, num_ranks: int) -> dict[str, np.ndarray]:
     gen = self.common.generator()
@@ -364,11 +361,7 @@ class ExpertMajorGradStep:
       out = jax_ep.combine(_em_expert(d), d.handle, config=config)
       return jnp.sum(out.astype(jnp.float32) * cot), out
 
-    if self.mode == "x":
-      grad_x, out = jax.grad(loss, has_aux=True)(a["x"], a["w"])
-      grad_w = None
-    else:
-      (grad_x, grad_w), out = jax.grad(loss, argnums=(0, 1), has_aux=True)(a["x"], a["w"])
+    grad_x, grad_w, out = _grads(loss, self.mode == "x", a)
     return {"grad_x": grad_x, "grad_w": grad_w, "out": out if self.with_forward else None}
 
   def check(self, config: EpConfig, a: dict[str, np.ndarray], out: Any) -> None:

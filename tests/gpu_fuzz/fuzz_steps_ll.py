@@ -25,8 +25,7 @@ import jax_ep
 from jax_ep import host_reference as hr
 from jax_ep.config import EpConfig
 from fuzz_step import StepCommon, draw_common
-from gpu_testing import (BF16, F32, assert_bitwise, assert_within_ulp, dyadic_weights, mine,
-                         rows, weights)
+from gpu_testing import BF16, F32, assert_bitwise, assert_within_ulp, mine, rows, weights
 from ll_testing import expert, host_expert, host_scale, valid_rows
 from test_ll_gpu import LL_COMBINE_ULPS, assert_fp8_rows
 from test_ll_presummed_gpu import _host_presummed
@@ -189,11 +188,7 @@ class LlGradStep:
             f"forward {forward})" + self.common.suffix())
 
   def host_inputs(self, config: EpConfig, num_ranks: int) -> dict[str, np.ndarray]:
-    gen = self.common.generator()
-    shape = (num_ranks, self.common.tokens)
-    return {"x": rows(gen, shape + (config.hidden,)), "idx": self.common.topk_idx(gen, config),
-            "w": dyadic_weights(gen, shape + (config.num_topk,)),
-            "cot": gen.standard_normal(shape + (config.hidden,), dtype=np.float32)}
+    return self.common.grad_inputs(config, num_ranks)
 
   def device(self, config: EpConfig, a: dict[str, Any]) -> Any:
     idx, cot = a["idx"], a["cot"]
