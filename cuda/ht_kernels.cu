@@ -51,7 +51,29 @@
 //   num_tokens, num_dropped and the sequence number (after its wait, so after
 //   every block has read the old one), and a fault recorded before the call
 //   does not void it (the next execution fails on it in the prepare stage).
+// expert-major dispatch (kExpertMajor; the pair plan, ht_pair_plan.cu, ran
+// before on this stream): the same kernel and steps, with
+//   2. block 0 also writes this rank's tokens per local expert of each rank r
+//     (plan_expert_totals) into r's expert_counts[p][me][*] before the flags
+//     (every thread, then the block barrier, then the flag). Every block,
+//     once it holds the flags (at one rank: from plan_expert_totals), lays out
+//     the groups (place_groups): group e starts at the sum of the earlier
+//     groups' pair counts rounded up to A; source s's pairs of e start after
+//     those of the sources before s. Block 0 writes tokens_per_expert,
+//     group_sizes, num_pairs and num_dropped.
+//   3. rows for peers also carry each entry's rank (recv_pair_rank: the pair
+//     plan's rank for entries choosing an expert of that peer, else -1),
+//     covered by the same chunk publication; this rank's own rows go straight
+//     to each of the token's pair rows below M (row loaded once, stored once
+//     per pair), with the pair's expert, weight and staging row, and the
+//     staging row's slot_row and rows_by_expert.
+//   4. a chunk's rows are copied to their pair rows the same way (no staging
+//     row is written to the outputs). Receivers zero-fill the rows holding no
+//     pair (zero_pair_padding) instead of the staging padding.
+//   The staging capacity is every token of every rank (C >= R * T): nothing
+//   is dropped before the pairs are placed; pairs past M are dropped.
 // Buffer reuse:
+//   * expert_counts: as counts (below).
 //   * recv_*/chunk_arrived: a peer writes them for the next dispatch only after
 //     this rank's notify flag of that dispatch, which this rank sends in the
 //     next dispatch kernel, after this one finished copying out (and
@@ -91,9 +113,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <mutex>
 
+#include "cuda/bulk_copy.cuh"
 #include "cuda/device_common.cuh"
 #include "cuda/ht_launch.h"
+#include "cuda/ht_row_elements.cuh"
 #include "cuda/transport.cuh"
 
 namespace jax_ep::cuda {
@@ -241,11 +267,27 @@ __host__ __device__ constexpr size_t dispatch_smem_bytes(int num_tokens, int til
 // this rank's rows per destination): this rank's row of the count matrix to
 // every rank, then its notify flag (st.release.sys, after the block barrier
 // that followed the zeroing of tokens_per_expert, which the flag thus covers).
+// Expert-major: first every thread of block 0 writes this rank's tokens per
+// local expert of each rank r (the pair plan's totals) into r's
+// expert_counts[p][me][*], ordered before the flag by the block barrier.
+// Every thread of block 0 calls it.
+template <bool kExpertMajor>
 __device__ __forceinline__ void publish_counts(const HtContext& ctx, uint32_t seq,
                                                const int* s_total) {
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
-  if (blockIdx.x != 0 || static_cast<int>(threadIdx.x) >= R) return;
+  if (blockIdx.x != 0) return;
+  if constexpr (kExpertMajor) {
+    const int El = d.experts_per_rank;
+    int32_t* rows = ctx.buffers.expert_counts + (seq & 1) * R * El + d.rank * El;
+    for (int i = threadIdx.x; i < R * El; i += blockDim.x) {
+      const int r = i / El;
+      static_cast<int32_t*>(transport::peer_ptr(rows, r))[i - r * El] =
+          ctx.buffers.plan_expert_totals[i];
+    }
+    __syncthreads();
+  }
+  if (static_cast<int>(threadIdx.x) >= R) return;
   int32_t* counts = ctx.buffers.counts + (seq & 1) * R * R;
   uint64_t* notify_flags = ctx.buffers.notify_flags + (seq & 1) * R;
   const int r = threadIdx.x;
@@ -302,6 +344,7 @@ constexpr int kMaskBatch = 8;
 // matrix). Rows land in token order, so a token's row on rank r is the tile's
 // base plus its earlier tokens in the tile going to r.
 // Returns the block's count of top-k entries outside [-1, E).
+template <bool kExpertMajor>
 __device__ int build_send_plan(const HtContext& ctx, const HtDispatchArgs& args, uint32_t seq,
                                uint8_t* s_mask, int* s_tile_base, int tile_tokens,
                                int (*s_warp)[kHtMaxRanks], int* s_total) {
@@ -363,7 +406,7 @@ __device__ int build_send_plan(const HtContext& ctx, const HtDispatchArgs& args,
   }
   block_exclusive_scan(running, s_warp, s_total);
   if (blockIdx.x == 0 && threadIdx.x == 0) ht_trace(ctx, seq, kTraceScan);
-  publish_counts(ctx, seq, s_total);  // block 0: the exchange starts before the tile walk
+  publish_counts<kExpertMajor>(ctx, seq, s_total);  // block 0: before the tile walk
   for (int t = t0; t < t1; ++t) {
     const uint32_t mask = s_mask[t];
     if (t % tile_tokens == 0) {
@@ -522,6 +565,258 @@ __device__ __forceinline__ void store_scale_words(uint32_t* dst,
   }
 }
 
+// ---------------------------------------------------------------- expert-major
+// The expert-major dispatch's shared memory, after the send plan (dynamic):
+//   base [R][E_local]   pair row of source s's first pair for local expert e:
+//                       the group's start plus the pairs of the sources before s
+//   group_start [E_local], group_pairs [E_local]  (pairs received, before the cut at M)
+//   pad_first [E_local + 1], pad_prefix [E_local + 2]  the padding rows: range e
+//                       (e < E_local: group e's alignment rows; E_local: the
+//                       rows past the last group) is [pad_first[e], pad_first[e]
+//                       + its length), pad_prefix the exclusive scan of the lengths
+//   sums [4]            scan totals, pairs kept, pairs received (block 0)
+struct PairSmem {
+  int* base;
+  int* group_start;
+  int* group_pairs;
+  int* pad_first;
+  int* pad_prefix;
+  int* sums;
+};
+__host__ __device__ constexpr size_t pair_smem_bytes(int num_ranks, int experts_per_rank) {
+  return sizeof(int) * (static_cast<size_t>(num_ranks) * experts_per_rank +
+                        4 * static_cast<size_t>(experts_per_rank) + 3 + 4);
+}
+__device__ __forceinline__ PairSmem pair_smem(uint8_t* at, int num_ranks, int experts_per_rank) {
+  int* p = reinterpret_cast<int*>(at);
+  PairSmem s;
+  s.base = p;
+  s.group_start = s.base + num_ranks * experts_per_rank;
+  s.group_pairs = s.group_start + experts_per_rank;
+  s.pad_first = s.group_pairs + experts_per_rank;
+  s.pad_prefix = s.pad_first + experts_per_rank + 1;
+  s.sums = s.pad_prefix + experts_per_rank + 2;
+  return s;
+}
+
+// In-place exclusive prefix sum of values[0, n) in shared memory, by warp 0
+// (a contiguous run per lane); *total gets the sum. All threads call it.
+__device__ void shared_exclusive_scan(int* values, int n, int* total) {
+  __syncthreads();
+  if (threadIdx.x < kWarpSize) {
+    const int lane = threadIdx.x;
+    const int per_lane = (n + kWarpSize - 1) / kWarpSize;
+    const int lo = min(n, lane * per_lane), hi = min(n, lo + per_lane);
+    int sum = 0;
+    for (int i = lo; i < hi; ++i) sum += values[i];
+    int inclusive = sum;
+#pragma unroll
+    for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+      const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+      if (lane >= offset) inclusive += other;
+    }
+    int running = inclusive - sum;
+    for (int i = lo; i < hi; ++i) {
+      const int v = values[i];
+      values[i] = running;
+      running += v;
+    }
+    if (lane == kWarpSize - 1) *total = inclusive;
+  }
+  __syncthreads();
+}
+
+// Every block, once the counts per (source, local expert) are readable (the
+// count exchange's flags acquired; at one rank the pair plan's totals): the
+// groups, each source's first row in each, and the padding ranges. Block 0
+// writes tokens_per_expert, group_sizes, num_pairs and num_dropped. All
+// threads call it.
+template <bool kSingleRank>
+__device__ void place_groups(const HtContext& ctx, const HtDispatchArgs& args, uint32_t seq,
+                             const PairSmem& p) {
+  const EpDims d = ctx.dims;
+  const int R = d.num_ranks, El = d.experts_per_rank;
+  const int M = args.pairs.num_rows, A = args.pairs.alignment;
+  const int32_t* counts = kSingleRank ? ctx.buffers.plan_expert_totals
+                                      : ctx.buffers.expert_counts + (seq & 1) * R * El;
+  if (threadIdx.x == 0) p.sums[2] = p.sums[3] = 0;
+  for (int e = threadIdx.x; e < El; e += blockDim.x) {
+    int running = 0;
+    for (int s = 0; s < R; ++s) {
+      p.base[s * El + e] = running;
+      // Written by source s before its notify flag, which this block acquired.
+      running += static_cast<int>(
+          ld_volatile_u32(reinterpret_cast<const uint32_t*>(counts + s * El + e)));
+    }
+    p.group_pairs[e] = running;
+    p.group_start[e] = (running + A - 1) / A * A;  // padded: scanned into the starts
+  }
+  shared_exclusive_scan(p.group_start, El, &p.sums[0]);
+  int kept = 0, received = 0;
+  for (int e = threadIdx.x; e < El; e += blockDim.x) {
+    const int start = p.group_start[e], full = p.group_pairs[e];
+    const int padded = (full + A - 1) / A * A;
+    for (int s = 0; s < R; ++s) p.base[s * El + e] += start;
+    p.pad_first[e] = min(M, start + full);
+    p.pad_prefix[e] = min(M, start + padded) - p.pad_first[e];
+    const int room = max(M - start, 0);
+    kept += min(room, full);
+    received += full;
+    if (blockIdx.x == 0) {
+      args.out_tokens_per_expert[e] = min(room, full);
+      args.pairs.out_group_sizes[e] = min(room, padded);
+    }
+  }
+  if (threadIdx.x == 0) {
+    p.pad_first[El] = min(M, p.sums[0]);
+    p.pad_prefix[El] = M - p.pad_first[El];
+  }
+  kept = __reduce_add_sync(0xffffffffu, kept);
+  received = __reduce_add_sync(0xffffffffu, received);
+  if (threadIdx.x % kWarpSize == 0 && (kept | received) != 0) {
+    atomicAdd(&p.sums[2], kept);
+    atomicAdd(&p.sums[3], received);
+  }
+  shared_exclusive_scan(p.pad_prefix, El + 1, &p.sums[1]);
+  if (threadIdx.x == 0) {
+    p.pad_prefix[El + 1] = p.sums[1];
+    if (blockIdx.x == 0) {
+      *args.pairs.out_num_pairs = p.sums[2];
+      *args.out_num_dropped = p.sums[3] - p.sums[2];
+    }
+  }
+  __syncthreads();
+}
+
+// One received (or own) row's pairs, by its warp; lane k < K holds entry k:
+// `local` its local expert here (-1: elsewhere or invalid), `weight` its
+// weight (0 where local is -1), `rank` the token's rank among its source's
+// tokens choosing that expert (-1 but on the first entry naming it, the
+// pair's owner). `source_base` is base[s] of the row's source. Writes the
+// staging row `row`'s slot_row and rows_by_expert and each kept pair's
+// expert, weight (the entries' weights summed in k order from 0.0f) and
+// staging row. Returns the lane's pair row: the owners' rows below M, -1
+// elsewhere.
+__device__ __forceinline__ int place_pairs(const HtPairArgs& pairs, const int* source_base,
+                                           int row, int local, float weight, int rank,
+                                           int num_topk, int lane) {
+  int pair_row = -1;
+  if (local >= 0 && rank >= 0) {
+    pair_row = source_base[local] + rank;
+    if (pair_row >= pairs.num_rows) pair_row = -1;  // dropped: past M
+  }
+  const uint32_t kept = __ballot_sync(0xffffffffu, pair_row >= 0);
+  int slot = -1, before = 0;
+  float summed = 0.0f;
+  for (int j = 0; j < num_topk; ++j) {
+    const int other_local = __shfl_sync(0xffffffffu, local, j);
+    const float other_weight = __shfl_sync(0xffffffffu, weight, j);
+    const int other_rank = __shfl_sync(0xffffffffu, rank, j);
+    const int other_row = __shfl_sync(0xffffffffu, pair_row, j);
+    if (local >= 0 && other_local == local) {
+      summed += other_weight;
+      if (other_rank >= 0) slot = other_row;
+    }
+    if (((kept >> j) & 1u) != 0u && other_local < local) ++before;
+  }
+  if (lane < num_topk) {
+    const size_t at = static_cast<size_t>(row) * num_topk;
+    pairs.out_slot_row[at + lane] = local >= 0 ? slot : -1;
+    if (pair_row >= 0) pairs.out_rows_by_expert[at + before] = pair_row;
+    if (lane >= __popc(kept)) pairs.out_rows_by_expert[at + lane] = -1;
+  }
+  if (pair_row >= 0) {
+    pairs.out_pair_expert[pair_row] = local;
+    pairs.out_pair_weight[pair_row] = summed;
+    pairs.out_pair_src[pair_row] = row;
+  }
+  return pair_row;
+}
+
+// The rows holding no pair (each group's alignment rows, the rows past the
+// last group): zero rows and scales, expert -1, weight 0, staging row -1;
+// then the staging rows past the received ones: slot_row, rows_by_expert and
+// recv_src -1. Warp `worker` of `num_workers`.
+template <bool kHasScales>
+__device__ void zero_pair_padding(const HtContext& ctx, const HtDispatchArgs& args,
+                                  const PairSmem& p, int received, int worker, int num_workers,
+                                  int lane) {
+  const int El = ctx.dims.experts_per_rank, K = ctx.dims.num_topk;
+  const int num_vec = static_cast<int>(args.row_bytes / 16);
+  for (int e = 0; e <= El; ++e) {
+    const int first = p.pad_prefix[e], last = p.pad_prefix[e + 1];
+    int j = first + ((worker - first) % num_workers + num_workers) % num_workers;
+    for (; j < last; j += num_workers) {
+      const int row = p.pad_first[e] + (j - first);
+      int4* dst = reinterpret_cast<int4*>(static_cast<char*>(args.out_x) +
+                                          static_cast<size_t>(row) * args.out_row_stride);
+      for (int v = lane; v < num_vec; v += kWarpSize) st_na_v4(dst + v, make_int4(0, 0, 0, 0));
+      if constexpr (kHasScales) {
+        auto* scales = reinterpret_cast<uint32_t*>(static_cast<char*>(args.out_scales) +
+                                                   static_cast<size_t>(row) * args.scale_bytes);
+        for (int i = lane; i < static_cast<int>(args.scale_bytes / 4); i += kWarpSize) {
+          scales[i] = 0u;
+        }
+      }
+      if (lane == 0) {
+        args.pairs.out_pair_expert[row] = -1;
+        args.pairs.out_pair_weight[row] = 0.0f;
+        args.pairs.out_pair_src[row] = -1;
+      }
+    }
+  }
+  for (int row = received + worker; row < args.capacity; row += num_workers) {
+    if (lane < K) {
+      args.pairs.out_slot_row[static_cast<size_t>(row) * K + lane] = -1;
+      args.pairs.out_rows_by_expert[static_cast<size_t>(row) * K + lane] = -1;
+    }
+    if (lane == 0) args.out_recv_src[row] = -1;
+  }
+}
+
+// Each warp's shared staging slot for the pair rows' bulk stores: one batch
+// of 16 vectors per lane (8 KB).
+constexpr int kStageVectors = 16 * kWarpSize;
+constexpr size_t kStageBytes = kStageVectors * 16;
+
+// One batch of a row (vectors base + u*32 + lane, as warp_load_batch loaded
+// it) to each of the row's kept pair rows (lanes in `pairs` hold them in
+// pair_row): into the warp's staging slot once, then one bulk store per pair
+// row (bulk_copy.cuh), issued by lane 0. Without a slot (stage null: the send
+// plan left no room), plain stores from the registers.
+template <int kUnroll>
+__device__ __forceinline__ void store_to_pairs(const int4 (&batch)[kUnroll], int base,
+                                               int num_vec, int lane, int4* stage,
+                                               uint32_t pairs, int pair_row, char* out,
+                                               size_t row_stride) {
+  static_assert(kUnroll * kWarpSize <= kStageVectors, "a batch fits the staging slot");
+  if (stage == nullptr) {
+    for (uint32_t left = pairs; left != 0u; left &= left - 1u) {
+      const int at = __shfl_sync(0xffffffffu, pair_row, __ffs(left) - 1);
+      warp_store_batch(reinterpret_cast<int4*>(out + static_cast<size_t>(at) * row_stride),
+                       batch, base, num_vec, lane);
+    }
+    return;
+  }
+  if (lane == 0) bulk_wait_reads();  // the slot's last bulk stores have read it
+  __syncwarp();
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (base + u * kWarpSize + lane < num_vec) stage[u * kWarpSize + lane] = batch[u];
+  }
+  bulk_fence_shared();
+  __syncwarp();
+  const uint32_t bytes = static_cast<uint32_t>(min(kUnroll * kWarpSize, num_vec - base)) * 16u;
+  for (uint32_t left = pairs; left != 0u; left &= left - 1u) {
+    const int at = __shfl_sync(0xffffffffu, pair_row, __ffs(left) - 1);
+    if (lane == 0) {
+      bulk_store(out + static_cast<size_t>(at) * row_stride + static_cast<size_t>(base) * 16,
+                 stage, bytes);
+    }
+  }
+  if (lane == 0) bulk_commit();
+}
+
 // A sender warp publishes its rows (one fence, then the counter adds) once it
 // has stored about kPublishBytes of rows since the last publication, and after
 // its last token: at most kMaxHeldTokens + 1 tokens. Measured on 2x H200
@@ -544,11 +839,15 @@ static_assert(publish_tokens(7168 * 2) == 4 && publish_tokens(7168) == 8, "see a
 // nothing is published and the registers of the held chunks go to a deeper
 // BF16 load batch (16 vectors per lane instead of 8: at EP1 the copy is bound
 // by the loads in flight per SM, not by a link).
-template <bool kHasScales, bool kSingleRank>
+// kExpertMajor: rows for this rank itself go straight to each of the token's
+// pair rows (pair.base[me]); peers get the token-major row plus each entry's
+// rank (recv_pair_rank), and place its pairs when they copy it out.
+template <bool kHasScales, bool kSingleRank, bool kExpertMajor>
 __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const HtDispatchArgs& args,
                                                    int send_block, int num_send_blocks,
                                                    int* s_tpe, const int* s_row_offset,
-                                                   const uint8_t* s_mask, const int* s_tile_base) {
+                                                   const uint8_t* s_mask, const int* s_tile_base,
+                                                   const PairSmem& pair, int4* stage) {
   // Where rows for rank r go: r's recv_x, or this rank's XLA output for r == me.
   __shared__ char* s_dst_x[kHtMaxRanks];
   __shared__ size_t s_dst_stride[kHtMaxRanks];
@@ -602,6 +901,9 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     const int expert = lane < d.num_topk ? __ldg(args.topk_idx + t * d.num_topk + lane) : -1;
     const float weight =
         lane < d.num_topk ? __ldg(args.topk_weights + t * d.num_topk + lane) : 0.0f;
+    // The pair plan's rank of this entry (written by the kernel before this one).
+    const int pair_rank =
+        kExpertMajor && lane < d.num_topk ? __ldg(b.plan_pair_rank + t * d.num_topk + lane) : -1;
     const uint32_t* src_scales = nullptr;
     uint32_t scales[kScaleWordsPerLane];
     if constexpr (kHasScales) {
@@ -618,12 +920,33 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
       next_row = token_row(s_mask, s_tile_base, s_row_offset, t + token_step, tile_tokens, R,
                            args.capacity, lane);
     }
+    // Expert-major: this token's own pair rows here (lane k: entry k's, if it
+    // owns a kept pair), and their lanes.
+    int self_pair_row = -1;
+    uint32_t self_pairs = 0u;
+    if constexpr (kExpertMajor) {
+      const int self_row = __shfl_sync(0xffffffffu, my_row, d.rank);
+      if (self_row >= 0) {
+        const bool mine = lane < d.num_topk && expert >= 0 && expert < d.num_experts &&
+                          rank_of(expert) == d.rank;
+        self_pair_row = place_pairs(args.pairs, pair.base + d.rank * d.experts_per_rank,
+                                    self_row, mine ? expert - d.rank * d.experts_per_rank : -1,
+                                    mine ? weight : 0.0f, mine ? pair_rank : -1, d.num_topk,
+                                    lane);
+        self_pairs = __ballot_sync(0xffffffffu, self_pair_row >= 0);
+      }
+    }
     // Each batch of the row is loaded once and stored to every destination.
     for (int base = 0; base < num_vec; base += kUnroll * kWarpSize) {
       if (base > 0) warp_load_batch(batch, src, base, num_vec, lane);
       for (int r = 0; r < R; ++r) {
         const int row = __shfl_sync(0xffffffffu, my_row, r);
         if (row < 0) continue;
+        if (kExpertMajor && r == d.rank) {
+          store_to_pairs(batch, base, num_vec, lane, stage, self_pairs, self_pair_row,
+                         static_cast<char*>(args.out_x), args.out_row_stride);
+          continue;
+        }
         warp_store_batch(reinterpret_cast<int4*>(s_dst_x[r] + static_cast<size_t>(row) *
                                                                   s_dst_stride[r]),
                          batch, base, num_vec, lane);
@@ -634,23 +957,40 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
       if (row < 0) continue;
       const bool self = r == d.rank;
       if constexpr (kHasScales) {
-        void* dst_scales = self ? args.out_scales : transport::peer_ptr(b.recv_scales, r);
-        store_scale_words(reinterpret_cast<uint32_t*>(static_cast<char*>(dst_scales) +
-                                                      static_cast<size_t>(row) * args.scale_bytes),
-                          scales, src_scales, scale_words, lane);
+        if (kExpertMajor && self) {
+          for (uint32_t left = self_pairs; left != 0u; left &= left - 1u) {
+            const int pair_row = __shfl_sync(0xffffffffu, self_pair_row, __ffs(left) - 1);
+            store_scale_words(
+                reinterpret_cast<uint32_t*>(static_cast<char*>(args.out_scales) +
+                                            static_cast<size_t>(pair_row) * args.scale_bytes),
+                scales, src_scales, scale_words, lane);
+          }
+        } else {
+          void* dst_scales = self ? args.out_scales : transport::peer_ptr(b.recv_scales, r);
+          store_scale_words(reinterpret_cast<uint32_t*>(static_cast<char*>(dst_scales) +
+                                                        static_cast<size_t>(row) * args.scale_bytes),
+                            scales, src_scales, scale_words, lane);
+        }
       }
       int local = -1;
       if (lane < d.num_topk) {
         const bool mine = expert >= 0 && expert < d.num_experts && rank_of(expert) == r;
         local = mine ? expert - r * d.experts_per_rank : -1;
-        auto* idx = self ? args.out_idx : static_cast<int32_t*>(transport::peer_ptr(b.recv_idx, r));
-        auto* w = self ? args.out_w : static_cast<float*>(transport::peer_ptr(b.recv_w, r));
-        idx[row * d.num_topk + lane] = local;
-        w[row * d.num_topk + lane] = mine ? weight : 0.0f;
+        if (!(kExpertMajor && self)) {  // expert-major: place_pairs wrote this rank's own
+          auto* idx =
+              self ? args.out_idx : static_cast<int32_t*>(transport::peer_ptr(b.recv_idx, r));
+          auto* w = self ? args.out_w : static_cast<float*>(transport::peer_ptr(b.recv_w, r));
+          idx[row * d.num_topk + lane] = local;
+          w[row * d.num_topk + lane] = mine ? weight : 0.0f;
+        }
+        if (kExpertMajor && !self) {
+          static_cast<int32_t*>(transport::peer_ptr(b.recv_pair_rank, r))[row * d.num_topk + lane] =
+              mine ? pair_rank : -1;
+        }
       }
       if (self) {
         if (lane == 0) args.out_recv_src[row] = d.rank * args.num_tokens + t;
-        count_row_experts(local, d.num_topk, s_tpe, lane);
+        if (!kExpertMajor) count_row_experts(local, d.num_topk, s_tpe, lane);
       } else if (lane == 0) {
         static_cast<int32_t*>(transport::peer_ptr(b.recv_src, r))[row] = t;
       }
@@ -697,11 +1037,14 @@ static_assert(kHtChunkRows % kWarps == 0, "a chunk's rows split evenly over the 
 // sender block that is done can take the last ones. `recv_block` <
 // `num_recv_blocks`: a receiver block, which also zero-fills its share of the
 // padding; -1: a sender block helping.
-template <bool kHasScales>
+// kExpertMajor: each row is copied to each of its kept pair rows (place_pairs
+// with its source's base); the padding is the pair padding (zero_pair_padding).
+template <bool kHasScales, bool kExpertMajor>
 __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
                                                        const HtDispatchArgs& args, int recv_block,
                                                        int num_recv_blocks, int* s_tpe,
-                                                       const int* s_prefix, int kept) {
+                                                       const int* s_prefix, int kept,
+                                                       const PairSmem& pair, int4* stage) {
   __shared__ int s_item;
   uint64_t waited_ns = 0;
   const EpDims d = ctx.dims;
@@ -743,7 +1086,7 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
     __syncthreads();
     // The warp's rows' top-k, weights, source and scales: loaded first, so
     // their round trip overlaps the row copy instead of following it.
-    int meta_idx[kRowsPerWarp], meta_src[kRowsPerWarp];
+    int meta_idx[kRowsPerWarp], meta_src[kRowsPerWarp], meta_rank[kRowsPerWarp];
     float meta_w[kRowsPerWarp];
     uint32_t meta_scales[kRowsPerWarp][kScaleWordsPerLane];
 #pragma unroll
@@ -752,10 +1095,12 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
       meta_idx[j] = -1;
       meta_w[j] = 0.0f;
       meta_src[j] = 0;
+      meta_rank[j] = -1;
       if (row < last) {
         if (lane < d.num_topk) {
           meta_idx[j] = b.recv_idx[row * d.num_topk + lane];
           meta_w[j] = b.recv_w[row * d.num_topk + lane];
+          if constexpr (kExpertMajor) meta_rank[j] = b.recv_pair_rank[row * d.num_topk + lane];
         }
         meta_src[j] = b.recv_src[row];
         if constexpr (kHasScales) {
@@ -770,6 +1115,31 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
     for (int j = 0; j < kRowsPerWarp; ++j) {
       const int row = first + warp + j * kWarps;
       if (row >= last) continue;  // warp-uniform
+      if constexpr (kExpertMajor) {
+        const int pair_row = place_pairs(args.pairs, pair.base + s * d.experts_per_rank, row,
+                                         meta_idx[j], meta_w[j], meta_rank[j], d.num_topk, lane);
+        const uint32_t pairs = __ballot_sync(0xffffffffu, pair_row >= 0);
+        const int4* src =
+            reinterpret_cast<const int4*>(b.recv_x + static_cast<size_t>(row) * b.row_bytes);
+        for (int base = 0; base < num_vec; base += 16 * kWarpSize) {
+          int4 batch[16];
+          warp_load_batch(batch, src, base, num_vec, lane, /*coherent=*/true);
+          store_to_pairs(batch, base, num_vec, lane, stage, pairs, pair_row,
+                         static_cast<char*>(args.out_x), args.out_row_stride);
+        }
+        if constexpr (kHasScales) {
+          const uint32_t* in_scales = reinterpret_cast<const uint32_t*>(b.recv_scales) +
+                                      static_cast<size_t>(row) * scale_words;
+          for (uint32_t left = pairs; left != 0u; left &= left - 1u) {
+            const int at = __shfl_sync(0xffffffffu, pair_row, __ffs(left) - 1);
+            store_scale_words(reinterpret_cast<uint32_t*>(static_cast<char*>(args.out_scales) +
+                                                          static_cast<size_t>(at) * args.scale_bytes),
+                              meta_scales[j], in_scales, scale_words, lane);
+          }
+        }
+        if (lane == 0) args.out_recv_src[row] = s * args.num_tokens + meta_src[j];
+        continue;
+      }
       // 16 vectors per lane in flight (128 KB per SM): the copy-out is bound
       // by load latency, as the combine receive was. Coherent loads: a peer
       // wrote the row during this kernel, published by the chunk counter
@@ -796,6 +1166,11 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
     __syncthreads();  // thread 0 moves on to the next chunk's wait only after the copies
   }
   if (recv_block < 0) return waited_ns;
+  if constexpr (kExpertMajor) {
+    zero_pair_padding<kHasScales>(ctx, args, pair, kept, recv_block * kWarps + warp,
+                                  num_recv_blocks * kWarps, lane);
+    return waited_ns;
+  }
   // Padding rows [kept, capacity).
   for (int row = kept + recv_block * kWarps + warp; row < args.capacity;
        row += num_recv_blocks * kWarps) {
@@ -816,9 +1191,12 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
   return waited_ns;
 }
 
-template <bool kHasScales, bool kSingleRank>
+// kExpertMajor: pairs.num_rows > 0 (HtPairArgs); the dynamic shared memory
+// holds the pair placement (PairSmem) after the send plan, at `pair_offset`.
+template <bool kHasScales, bool kSingleRank, bool kExpertMajor>
 __global__ void __launch_bounds__(kThreads, 1)
-    ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks) {
+    ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks, int pair_offset,
+                int stage_offset) {
   extern __shared__ __align__(16) uint8_t s_send_plan[];  // senders: dispatch_smem_bytes()
   __shared__ int s_prefix[kHtMaxRanks + 1];
   __shared__ int s_row_offset[kHtMaxRanks];
@@ -842,9 +1220,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tile_tokens = num_send_blocks * kWarps;
   uint8_t* s_mask = s_send_plan;
   int* s_tile_base = reinterpret_cast<int*>(s_send_plan + dispatch_mask_bytes(args.num_tokens));
+  const PairSmem pair = pair_smem(s_send_plan + pair_offset, d.num_ranks, d.experts_per_rank);
+  // Expert-major: this warp's staging slot for bulk stores (none: stage_offset < 0).
+  int4* stage = kExpertMajor && stage_offset >= 0
+                    ? reinterpret_cast<int4*>(s_send_plan + stage_offset +
+                                              (threadIdx.x / kWarpSize) * kStageBytes)
+                    : nullptr;
   if (threadIdx.x == 0) s_invalid = 0;
   for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) s_tpe[e] = 0;
-  if (blockIdx.x == 0) {  // before block 0 publishes its counts (publish_counts)
+  // Expert-major: block 0 writes tokens_per_expert once the counts are in (place_groups).
+  if (!kExpertMajor && blockIdx.x == 0) {  // before block 0 publishes its counts (publish_counts)
     for (int e = threadIdx.x; e < d.experts_per_rank; e += blockDim.x) {
       args.out_tokens_per_expert[e] = 0;
     }
@@ -859,8 +1244,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                      s_row_offset);
   } else {
     if (sender) {
-      const int invalid =
-          build_send_plan(ctx, args, seq, s_mask, s_tile_base, tile_tokens, s_warp, s_total);
+      const int invalid = build_send_plan<kExpertMajor>(ctx, args, seq, s_mask, s_tile_base,
+                                                        tile_tokens, s_warp, s_total);
       if (invalid) atomicAdd(&s_invalid, invalid);
     }
     plan_built = ctx.profile != nullptr ? global_timer_ns() : 0;
@@ -876,32 +1261,40 @@ __global__ void __launch_bounds__(kThreads, 1)
       ctx.profile->role_end[kProfCounts] = now;
     }
   }
+  if constexpr (kExpertMajor) place_groups<kSingleRank>(ctx, args, seq, pair);
   const int received = s_prefix[d.num_ranks];
   const int kept = min(received, args.capacity);
   uint64_t waited_ns = 0;  // thread 0 of a receiver block (profiling)
   if (sender) {
-    dispatch_send_role<kHasScales, kSingleRank>(ctx, args, blockIdx.x, num_send_blocks, s_tpe,
-                                                s_row_offset, s_mask, s_tile_base);
+    dispatch_send_role<kHasScales, kSingleRank, kExpertMajor>(
+        ctx, args, blockIdx.x, num_send_blocks, s_tpe, s_row_offset, s_mask, s_tile_base, pair,
+        stage);
     __syncthreads();
     ht_profile_role_end(ctx, kProfDispatchSend);
   }
   const int num_recv_blocks = both_roles ? gridDim.x : gridDim.x - num_send_blocks;
   if (receiver) {
     const int recv_block = both_roles ? blockIdx.x : blockIdx.x - num_send_blocks;
-    waited_ns = dispatch_recv_role<kHasScales>(ctx, args, recv_block, num_recv_blocks, s_tpe,
-                                               s_prefix, kept);
+    waited_ns = dispatch_recv_role<kHasScales, kExpertMajor>(ctx, args, recv_block,
+                                                             num_recv_blocks, s_tpe, s_prefix,
+                                                             kept, pair, stage);
   } else {
     // Done sending: help copy out the last chunks (measured 9 us off the
     // BF16 dispatch's tail, 2026-11-30).
-    dispatch_recv_role<kHasScales>(ctx, args, -1, num_recv_blocks, s_tpe, s_prefix, kept);
+    dispatch_recv_role<kHasScales, kExpertMajor>(ctx, args, -1, num_recv_blocks, s_tpe, s_prefix,
+                                                 kept, pair, stage);
   }
+  // Every bulk store of this warp is done before the block ends (its slot is
+  // freed then) and before the epilogue declares the outputs written.
+  if (stage != nullptr && threadIdx.x % kWarpSize == 0) bulk_wait_all();
   __syncthreads();
   if (receiver) {
     ht_profile_wait(ctx, kProfDispatchRecv, waited_ns);
     ht_profile_role_end(ctx, kProfDispatchRecv);
   }
   // tokens_per_expert was zeroed before the notify flag this block acquired.
-  for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) {
+  for (int e = threadIdx.x; !kExpertMajor && e < d.experts_per_rank && e < 1024;
+       e += blockDim.x) {
     if (s_tpe[e]) atomicAdd(args.out_tokens_per_expert + e, s_tpe[e]);
   }
   // One rank, unprofiled: no last block. No rows come from peers (no chunk
@@ -917,9 +1310,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     // before its arrival, so these writes are the last.
     const bool faulted = !block0_alone && fault_recorded(ctx.status);
     *args.out_num_tokens = faulted ? -1 : kept;
-    *args.out_num_dropped = faulted ? -1 : received - kept;
+    // Expert-major: block 0 wrote the pair counts (place_groups), before its arrival.
+    if (!kExpertMajor || faulted) *args.out_num_dropped = faulted ? -1 : received - kept;
     if (faulted) {
       for (int e = 0; e < d.experts_per_rank; ++e) args.out_tokens_per_expert[e] = -1;
+      if constexpr (kExpertMajor) {
+        *args.pairs.out_num_pairs = -1;
+        for (int e = 0; e < d.experts_per_rank; ++e) args.pairs.out_group_sizes[e] = 0;
+      }
     }
     ctx.counters->ht_dispatch_seq = seq;
     ctx.counters->ht_recv_ticket = 0u;  // every block has taken its last ticket (if any)
@@ -973,61 +1371,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) ht_profile_close(ctx, kProfCombineSend);
   }
 }
-
-// Elements of a 16-byte vector of combine rows, as fp32.
-template <typename T>
-struct RowElements;
-// plus_zero(v): each element plus +0 in its own type, the one-source sum of
-// the one-rank combine (0.0f + x in fp32, rounded back) in one packed add per
-// pair of 2-byte elements: the same bits for every number (x itself, -0
-// becomes +0; a NaN stays a NaN, its payload bits not checked) in about a
-// fifth of the float path's instructions. With it,
-// the loads a token ahead and no last block, the one-rank combine kernel went
-// from 62.5 to 56.9 us (2026-12-01, docs/benchmarks.md; the add's own share was
-// not measured apart).
-template <typename Pair>
-__device__ __forceinline__ int4 plus_zero_pairs(int4 v, Pair zero) {
-  auto* pairs = reinterpret_cast<Pair*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) pairs[i] = __hadd2(pairs[i], zero);
-  return v;
-}
-template <>
-struct RowElements<__nv_bfloat16> {
-  static constexpr int kPerVector = 8;
-  __device__ static float get(const int4& v, int j) {
-    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(&v)[j]);
-  }
-  __device__ static void set(int4& v, int j, float x) {
-    reinterpret_cast<__nv_bfloat16*>(&v)[j] = __float2bfloat16_rn(x);
-  }
-  __device__ static int4 plus_zero(int4 v) {
-    return plus_zero_pairs(v, __float2bfloat162_rn(0.0f));
-  }
-};
-template <>
-struct RowElements<__half> {
-  static constexpr int kPerVector = 8;
-  __device__ static float get(const int4& v, int j) {
-    return __half2float(reinterpret_cast<const __half*>(&v)[j]);
-  }
-  __device__ static void set(int4& v, int j, float x) {
-    reinterpret_cast<__half*>(&v)[j] = __float2half_rn(x);
-  }
-  __device__ static int4 plus_zero(int4 v) { return plus_zero_pairs(v, __float2half2_rn(0.0f)); }
-};
-template <>
-struct RowElements<float> {
-  static constexpr int kPerVector = 4;
-  __device__ static float get(const int4& v, int j) { return reinterpret_cast<const float*>(&v)[j]; }
-  __device__ static void set(int4& v, int j, float x) { reinterpret_cast<float*>(&v)[j] = x; }
-  __device__ static int4 plus_zero(int4 v) {
-    auto* x = reinterpret_cast<float*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) x[i] = __fadd_rn(0.0f, x[i]);
-    return v;
-  }
-};
 
 // The rows a lane loads for token t's sum: each rank's copy (r == me: y, else
 // combine_recv), or null when that rank holds none.
@@ -1225,20 +1568,49 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
           ? grid
           : grid - std::max(1, grid / std::max(2, ctx.recv_divisor));
   const bool single_rank = ctx.dims.num_ranks == 1;
-  const size_t smem =
+  const bool expert_major = args.pairs.num_rows > 0;
+  const size_t plan_smem =
       single_rank ? dispatch_mask_bytes(args.num_tokens) + sizeof(int) * grid  // a base per block
                   : dispatch_smem_bytes(args.num_tokens, num_send_blocks * kWarps,
                                         ctx.dims.num_ranks);
+  const size_t pair_offset = (plan_smem + 15) / 16 * 16;
+  const size_t pair_end =
+      expert_major ? pair_offset + pair_smem_bytes(ctx.dims.num_ranks, ctx.dims.experts_per_rank)
+                   : plan_smem;
+  // Expert-major: a bulk-store staging slot per warp where shared memory has
+  // room (it has up to about 64K tokens per rank); else the pair rows are
+  // stored from registers (the same bytes, slower: docs/benchmarks.md).
+  const size_t stage_offset = (pair_end + 127) / 128 * 128;
+  const bool staged = expert_major && stage_offset + kWarps * kStageBytes <= kDispatchMaxSmem;
+  const size_t smem = staged ? stage_offset + kWarps * kStageBytes : pair_end;
+  if (expert_major && !staged) {
+    static std::once_flag told;
+    std::call_once(told, [&] {
+      std::fprintf(stderr,
+                   "jax_ep.dispatch (expert-major): %d tokens per rank leave no shared memory "
+                   "for the pair rows' bulk stores, so they are stored from registers (about "
+                   "half the speed at EP1). Dispatch fewer tokens per call to keep them. This "
+                   "message is shown once.\n",
+                   args.num_tokens);
+    });
+  }
   if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.experts_per_rank > 1024 ||
       (single_rank && grid > kMaxHtBlocks) ||
       args.row_bytes % 16 != 0 || args.row_bytes > ctx.buffers.row_bytes ||
       ctx.dims.num_topk > kWarpSize || args.num_tokens > kHtMaxTokens ||
-      smem > kDispatchMaxSmem) {
+      smem > kDispatchMaxSmem ||
+      (expert_major && (args.pairs.alignment < 1 || args.capacity < ctx.dims.num_ranks * args.num_tokens))) {
     return cudaErrorInvalidValue;
   }
-  auto kernel = args.scales != nullptr ? (single_rank ? ht_dispatch<true, true> : ht_dispatch<true, false>)
-                                       : (single_rank ? ht_dispatch<false, true> : ht_dispatch<false, false>);
-  kernel<<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks);
+  using Kernel = void (*)(HtContext, HtDispatchArgs, int, int, int);
+  static constexpr Kernel kKernels[2][2][2] = {  // [scales][single rank][expert-major]
+      {{ht_dispatch<false, false, false>, ht_dispatch<false, false, true>},
+       {ht_dispatch<false, true, false>, ht_dispatch<false, true, true>}},
+      {{ht_dispatch<true, false, false>, ht_dispatch<true, false, true>},
+       {ht_dispatch<true, true, false>, ht_dispatch<true, true, true>}}};
+  const Kernel kernel = kKernels[args.scales != nullptr][single_rank][expert_major];
+  kernel<<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks, static_cast<int>(pair_offset),
+                                           staged ? static_cast<int>(stage_offset) : -1);
   return cudaGetLastError();
 }
 
@@ -1267,10 +1639,14 @@ cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cud
 cudaError_t PrepareHtKernels() {
   cudaFuncAttributes attrs;
   cudaError_t err = cudaSuccess;
-  for (const void* kernel : {reinterpret_cast<const void*>(ht_dispatch<true, false>),
-                             reinterpret_cast<const void*>(ht_dispatch<false, false>),
-                             reinterpret_cast<const void*>(ht_dispatch<true, true>),
-                             reinterpret_cast<const void*>(ht_dispatch<false, true>)}) {
+  for (const void* kernel : {reinterpret_cast<const void*>(ht_dispatch<true, false, false>),
+                             reinterpret_cast<const void*>(ht_dispatch<false, false, false>),
+                             reinterpret_cast<const void*>(ht_dispatch<true, true, false>),
+                             reinterpret_cast<const void*>(ht_dispatch<false, true, false>),
+                             reinterpret_cast<const void*>(ht_dispatch<true, false, true>),
+                             reinterpret_cast<const void*>(ht_dispatch<false, false, true>),
+                             reinterpret_cast<const void*>(ht_dispatch<true, true, true>),
+                             reinterpret_cast<const void*>(ht_dispatch<false, true, true>)}) {
     if (err == cudaSuccess) {
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(kDispatchMaxSmem));

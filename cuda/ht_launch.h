@@ -24,6 +24,26 @@ constexpr int kHtMaxTokens = 65536;
 // first byte with their full row strides); optional per-row scales of
 // `scale_bytes`. After a fault (a timed-out wait in this call or an
 // earlier one) num_tokens, num_dropped and tokens_per_expert are -1.
+// The expert-major outputs of a dispatch (num_rows > 0): out_x then holds
+// M = num_rows pair rows (jax_ep/expert_major.py states the row formula), the
+// receive rows stay in the symmetric buffers, out_idx and out_w are unused,
+// out_tokens_per_expert counts the pairs kept per local expert and
+// out_num_dropped the pairs past M; out_recv_src, out_send_row and
+// out_num_tokens keep the token-major staging rows (capacity R * T). Needs
+// LaunchHtPairPlan on the same stream before. After a fault num_pairs is -1
+// and group_sizes 0.
+struct HtPairArgs {
+  int num_rows;                  // M (0: a token-major dispatch)
+  int alignment;                 // A
+  int32_t* out_pair_expert;      // [M] local expert of each pair row, -1 on padding
+  float* out_pair_weight;        // [M] the token's weights for it, summed in k order
+  int32_t* out_pair_src;         // [M] staging row of each pair row, -1 on padding
+  int32_t* out_num_pairs;        // []
+  int32_t* out_group_sizes;      // [E_local]
+  int32_t* out_slot_row;         // [C, K] pair row of each (row, k), -1 elsewhere
+  int32_t* out_rows_by_expert;   // [C, K] a row's pair rows in ascending expert, then -1
+};
+
 struct HtDispatchArgs {
   const void* x;               // [T, row_bytes]
   const void* scales;          // [T, scale_bytes] or null
@@ -45,8 +65,15 @@ struct HtDispatchArgs {
   int32_t* out_num_invalid;    // []
   int32_t* out_recv_src;       // [C] src_rank * T + src_token, -1 on padding
   int32_t* out_send_row;       // [T, R] row of token t on rank r, -1 if not there
+  HtPairArgs pairs;            // expert-major (pairs.num_rows > 0)
 };
 cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args, cudaStream_t stream);
+
+// The pair plan of an expert-major dispatch (ht_pair_plan.cu): this rank's
+// tokens' ranks per expert, into ctx.buffers.plan_*; once per dispatch, before
+// its LaunchHtDispatch calls.
+cudaError_t LaunchHtPairPlan(const HtContext& ctx, const int32_t* topk_idx, int num_tokens,
+                             cudaStream_t stream);
 
 // Element types of the HT combine's rows (summed in fp32, stored in this type).
 enum class HtRowType : int32_t { kBf16 = 0, kF16 = 1, kF32 = 2 };
@@ -69,7 +96,33 @@ struct HtCombineArgs {
 };
 cudaError_t LaunchHtCombine(const HtContext& ctx, const HtCombineArgs& args, cudaStream_t stream);
 
+// An expert-major combine (ht_pair_combine.cu): y [M, W] pair rows ->
+// out [T, W]: per rank, the float32 sum of a token's pair rows in ascending
+// local expert (rows_by_expert); those partials, float32 on the wire, summed
+// in rank order; rounded once to row_type.
+struct HtPairCombineArgs {
+  const void* y;                     // [M, W]
+  const int32_t* rows_by_expert;     // [C, K]
+  const int32_t* recv_src;           // [C]
+  const int32_t* send_row;           // [T, R]
+  const int32_t* num_tokens;         // [] staging rows (device; -1 after a fault)
+  int capacity;                      // C
+  int num_local_tokens;              // T
+  int num_columns;                   // W (W * element size a multiple of 16 bytes)
+  HtRowType row_type;
+  void* out;                         // [T, W]; NaN rows where rows did not all arrive
+};
+cudaError_t LaunchHtPairCombine(const HtContext& ctx, const HtPairCombineArgs& args,
+                                cudaStream_t stream);
+
+// out[i][k] = values[slot_row[i][k]] where slot_row >= 0, else 0 (the weight
+// gradient's per-slot values; local, no peer).
+cudaError_t LaunchHtSlotValues(const float* values, const int32_t* slot_row, int num_slots,
+                               float* out, cudaStream_t stream);
+
 cudaError_t PrepareHtKernels();
+cudaError_t PrepareHtPairPlan();
+cudaError_t PrepareHtPairCombine();
 
 }  // namespace jax_ep::cuda
 

@@ -29,6 +29,17 @@ constexpr int kHtChunkRows = 32;
 //                     rank once the chunk is complete
 //   combine_recv[p]   [R][T] bf16 rows: rank r's copy of local token t
 //   combine_flags[p]  [R] (seq, 0) from rank r once its rows landed
+// Expert-major dispatch only (ht_pair_plan.cu, ht_kernels.cu):
+//   expert_counts     [2][R][E_local] int32, by seq parity: row s is written by
+//                     source s before its notify flag (its tokens per local
+//                     expert of this rank)
+//   recv_pair_rank    [R*T][K] int32: for each received row and k choosing a
+//                     local expert here, the token's rank among its source's
+//                     tokens choosing that expert (-1 elsewhere)
+//   plan_*            this rank's own scratch (never read by peers), written by
+//                     the pair plan before the dispatch kernel reads it:
+//                     block_counts [kHtPlanBlocks][E], pair_rank [T][K],
+//                     expert_totals [E]
 struct HtBuffers {
   int32_t* counts;
   uint64_t* notify_flags;
@@ -42,7 +53,16 @@ struct HtBuffers {
   char* combine_recv[2];
   uint64_t* combine_flags[2];
   size_t row_bytes;
+  int32_t* expert_counts;
+  int32_t* recv_pair_rank;
+  int32_t* plan_block_counts;
+  int32_t* plan_pair_rank;
+  int32_t* plan_expert_totals;
 };
+
+// Most blocks of the pair plan's kernels (their per-block counts live in
+// plan_block_counts).
+constexpr int kHtPlanBlocks = 64;
 
 struct HtContext {
   EpDims dims;

@@ -101,6 +101,11 @@ BufferLayout ComputeLayout(const EpDims& d, bool low_latency, bool high_throughp
       layout.ht_combine_recv[p] = take(R * T * 2 * H);
       layout.ht_combine_flags[p] = take(R * sizeof(uint64_t));
     }
+    layout.ht_expert_counts = take(2 * R * E_local * sizeof(int32_t));  // by seq parity
+    layout.ht_recv_pair_rank = take(R * T * K * sizeof(int32_t));
+    layout.ht_plan_block_counts = take(kHtPlanBlocks * E * sizeof(int32_t));
+    layout.ht_plan_pair_rank = take(T * K * sizeof(int32_t));
+    layout.ht_plan_expert_totals = take(E * sizeof(int32_t));
   }
   layout.total = offset;
   return layout;
@@ -237,6 +242,8 @@ std::string Runtime::Init(int pe, int npes, const std::string& uid, int device) 
   err = PrepareLlKernels();
   if (err == cudaSuccess) err = PrepareLlPresummedKernels();
   if (err == cudaSuccess) err = PrepareHtKernels();
+  if (err == cudaSuccess) err = PrepareHtPairPlan();
+  if (err == cudaSuccess) err = PrepareHtPairCombine();
   if (err != cudaSuccess) return CudaError("loading the kernels", err);
   err = cudaDeviceSynchronize();
   if (err != cudaSuccess) return CudaError("cudaDeviceSynchronize", err);
@@ -400,6 +407,11 @@ std::string Runtime::Allocate(const EpDims& dims, const std::vector<int>& group_
       b.combine_flags[p] = reinterpret_cast<uint64_t*>(base_ + layout.ht_combine_flags[p]);
     }
     b.row_bytes = layout.ht_row_bytes;
+    b.expert_counts = reinterpret_cast<int32_t*>(base_ + layout.ht_expert_counts);
+    b.recv_pair_rank = reinterpret_cast<int32_t*>(base_ + layout.ht_recv_pair_rank);
+    b.plan_block_counts = reinterpret_cast<int32_t*>(base_ + layout.ht_plan_block_counts);
+    b.plan_pair_rank = reinterpret_cast<int32_t*>(base_ + layout.ht_plan_pair_rank);
+    b.plan_expert_totals = reinterpret_cast<int32_t*>(base_ + layout.ht_plan_expert_totals);
   }
   return "";
 }

@@ -49,6 +49,11 @@ struct BufferLayout {
   size_t ht_combine_recv[2] = {0, 0};
   size_t ht_combine_flags[2] = {0, 0};
   size_t ht_row_bytes = 0;
+  size_t ht_expert_counts = 0;
+  size_t ht_recv_pair_rank = 0;
+  size_t ht_plan_block_counts = 0;
+  size_t ht_plan_pair_rank = 0;
+  size_t ht_plan_expert_totals = 0;
 };
 
 // The layout for `dims`; the formula behind jax_ep.buffer_bytes().

@@ -17,7 +17,9 @@ every buffer rounded up to 256 bytes:
   high throughput:
     counts 2*R*R*4, flags 2*R*8 (by parity), rows R*T*W (W = max(2H, H + H/32) to 16 B),
     scales R*T*(H/128)*4, sources R*T*4, top-k R*T*K*8, chunk counters R*ceil(T/32)*4,
-    combine receive 2 * (R*T*2H + R*8)
+    combine receive 2 * (R*T*2H + R*8),
+    expert-major: counts per local expert 2*R*E_local*4, pair ranks R*T*K*4, and
+    this rank's pair plan (64*E + T*K + E)*4
 
 Several configs (``jax_ep.initialize((a, b), mesh)``) share one allocation,
 sized by ``sizing_config``: the element-wise maximum of their sizes (E, H, K
@@ -39,6 +41,7 @@ from jax_ep.config import PROCESS_WIDE_FIELDS, EpConfig, check_compatible
 
 _ALIGN = 256
 _HT_CHUNK_ROWS = 32  # kHtChunkRows in cuda/ht_types.h
+_HT_PLAN_BLOCKS = 64  # kHtPlanBlocks in cuda/ht_types.h
 
 
 def _align(value: int, alignment: int = _ALIGN) -> int:
@@ -112,5 +115,7 @@ def buffer_bytes_by_family(config: EpConfig | Sequence[EpConfig], num_ranks: int
                         r * t * k * 4, r * t * k * 4, r * -(-t // _HT_CHUNK_ROWS) * 4]
     for _ in range(2):
       high_throughput += [r * t * 2 * h, r * 8]
+    high_throughput += [2 * r * e_local * 4, r * t * k * 4, _HT_PLAN_BLOCKS * e * 4, t * k * 4,
+                        e * 4]
   return {"low_latency": sum(_align(s) for s in low_latency),
           "high_throughput": sum(_align(s) for s in high_throughput)}

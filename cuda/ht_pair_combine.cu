@@ -1,0 +1,382 @@
+// The expert-major HT combine: pair rows back to their tokens, summed per
+// rank in ascending local expert and then over ranks; and the weight
+// gradient's per-slot values.
+//
+// PROTOCOL (seq = ht_combine_seq + 1 for each pass: the token-major combine's
+// counter, receive rows, flags and parity rules, ht_kernels.cu)
+//   ht_pair_combine_send (R > 1): staging row i < valid whose source s is not
+//     this rank (token t): its float32 partial P = 0.0f + y[p_0] + y[p_1] ...
+//     over rows_by_expert[i] (ascending local expert, up to the first -1), of
+//     the pass's columns, to s's combine_recv[p][me][t] (p = seq parity); then
+//     every thread fences and the last block sets combine_flags[p][me] = seq
+//     on every rank.
+//   ht_pair_combine_recv: waits for every rank's flag of seq (R > 1); out[t] =
+//     0.0f + P_0 + P_1 ... in rank order over the ranks r with send_row[t][r]
+//     >= 0, where P_me is computed here from y the same way and P_r is
+//     combine_recv[p][r][t]; rounded once to the rows' type. A token whose
+//     partials did not all arrive (a peer's flag timed out, or the dispatch
+//     faulted: num_tokens < 0) gets NaN. The last block (block 0 alone at one
+//     rank, unprofiled) advances ht_combine_seq; the receive rows are reused
+//     as the token-major combine reuses them.
+//   Passes: a partial of W columns is 4W bytes, so columns travel in passes of
+//   at most H/2 (the 2H-byte receive rows), each pass one send and one receive
+//   kernel with its own sequence number. At one rank nothing travels: one
+//   receive kernel over every column.
+// The sums are the portable path's (jax_ep/expert_major.py): the same bits.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/bulk_copy.cuh"
+#include "cuda/device_common.cuh"
+#include "cuda/ht_launch.h"
+#include "cuda/ht_row_elements.cuh"
+#include "cuda/transport.cuh"
+
+namespace jax_ep::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kMaxPerVector = 8;
+// A warp's pair rows come in by bulk loads (bulk_copy.cuh), a chunk of 32
+// vectors (one per lane) of up to kGroupRows rows per load round, two rounds
+// in flight (a stage each): 2 x 4 KB per warp, 128 KB per SM. An SM's own
+// loads reach about 40 GB/s of rows however many are in flight
+// (docs/benchmarks.md); bulk loads are not held to that.
+constexpr int kChunkVectors = kWarpSize;
+constexpr int kGroupRows = 8;
+constexpr size_t kStageBytes = kGroupRows * kChunkVectors * 16;
+constexpr size_t kPairSmemBytes = kWarps * 2 * kStageBytes;
+
+// Columns of one pass, in whole vectors of the row type.
+struct PairPass {
+  int first_vector;
+  int num_vectors;
+};
+
+// One warp's stream of float32 partials of one staging row's pairs, chunk by
+// chunk: chunk c's lane value is the partial of vector c*32 + lane of the
+// pass, 0.0f + y[p_0] + y[p_1] ... in pair order. Rounds (c, group) are
+// loaded one ahead; the stages' mbarriers and parities persist across rows.
+template <typename T>
+struct PairStream {
+  char* stage[2];
+  uint64_t* bar;        // [2]
+  uint32_t uses[2];     // completed loads per stage (its next phase's parity)
+  const char* y;
+  size_t row_stride;
+  PairPass pass;
+  uint64_t timeout_ns;
+  bool faulted;
+  // The current row:
+  int pair_row;         // lane j: pair row j
+  int num_pairs;
+  int num_groups;
+  int next_round;       // rounds issued
+  int round;            // rounds consumed
+  int num_rounds;
+
+  __device__ void begin(int row_of_lane, int pairs, int lane) {
+    pair_row = row_of_lane;
+    num_pairs = pairs;
+    num_groups = (pairs + kGroupRows - 1) / kGroupRows;
+    const int chunks = (pass.num_vectors + kChunkVectors - 1) / kChunkVectors;
+    num_rounds = num_groups * chunks;
+    next_round = round = 0;
+    if (num_rounds > 0) issue(lane);
+  }
+
+  // Lane 0 loads round next_round (chunk, group) into stage next_round & 1.
+  __device__ void issue(int lane) {
+    const int chunk = next_round / num_groups, group = next_round % num_groups;
+    const int rows = min(kGroupRows, num_pairs - group * kGroupRows);
+    const int vectors = min(kChunkVectors, pass.num_vectors - chunk * kChunkVectors);
+    const uint32_t bytes = static_cast<uint32_t>(vectors) * 16u;
+    const int s = next_round & 1;
+    int row_q[kGroupRows];
+#pragma unroll
+    for (int q = 0; q < kGroupRows; ++q) {
+      row_q[q] = __shfl_sync(0xffffffffu, pair_row, min(group * kGroupRows + q, kWarpSize - 1));
+    }
+    if (lane == 0) {
+      bulk_fence_shared();  // the stage's last readers (a warp barrier ago) before the load
+      mbar_expect(bar + s, bytes * rows);
+#pragma unroll
+      for (int q = 0; q < kGroupRows; ++q) {
+        if (q >= rows) continue;
+        bulk_load(stage[s] + q * kChunkVectors * 16,
+                  y + static_cast<size_t>(row_q[q]) * row_stride +
+                      static_cast<size_t>(pass.first_vector + chunk * kChunkVectors) * 16,
+                  bytes, bar + s);
+      }
+    }
+    ++next_round;
+  }
+
+  // The next chunk's partial for this lane's vector (num_pairs == 0: zeros).
+  __device__ void next_chunk(float (&acc)[kMaxPerVector], int lane) {
+    using E = RowElements<T>;
+#pragma unroll
+    for (int j = 0; j < kMaxPerVector; ++j) acc[j] = 0.0f;
+    for (int group = 0; group < num_groups; ++group) {
+      if (next_round < num_rounds) issue(lane);
+      const int s = round & 1;
+      if (!mbar_wait(bar + s, uses[s] & 1u, timeout_ns)) faulted = true;
+      ++uses[s];
+      const int rows = min(kGroupRows, num_pairs - group * kGroupRows);
+      const int4* data = reinterpret_cast<const int4*>(stage[s]);
+      for (int q = 0; q < rows; ++q) {
+        const int4 v = data[q * kChunkVectors + lane];  // beyond the chunk's vectors: unused
+#pragma unroll
+        for (int j = 0; j < E::kPerVector; ++j) acc[j] += E::get(v, j);
+      }
+      __syncwarp();  // every lane read the stage before it is loaded again
+      ++round;
+    }
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ PairStream<T> make_stream(uint8_t* smem, uint64_t* bars,
+                                                     const HtContext& ctx,
+                                                     const HtPairCombineArgs& args,
+                                                     const PairPass& pass) {
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  PairStream<T> st;
+  st.stage[0] = reinterpret_cast<char*>(smem) + warp * 2 * kStageBytes;
+  st.stage[1] = st.stage[0] + kStageBytes;
+  st.bar = bars + 2 * warp;
+  if (lane == 0) {
+    mbar_init(st.bar);
+    mbar_init(st.bar + 1);
+  }
+  __syncwarp();
+  st.uses[0] = st.uses[1] = 0;
+  st.y = static_cast<const char*>(args.y);
+  st.row_stride = static_cast<size_t>(args.num_columns) * sizeof(T);
+  st.pass = pass;
+  st.timeout_ns = ctx.timeout_ns;
+  st.faulted = false;
+  return st;
+}
+
+// Lane j < K: pair row j of staging row `row`; returns how many lead the list.
+__device__ __forceinline__ int load_pair_rows(const int32_t* rows_by_expert, int row, int num_topk,
+                                              int lane, int* pair_row) {
+  *pair_row = lane < num_topk ? rows_by_expert[static_cast<size_t>(row) * num_topk + lane] : -1;
+  const uint32_t missing = __ballot_sync(0xffffffffu, lane >= num_topk || *pair_row < 0);
+  return missing == 0u ? kWarpSize : __ffs(missing) - 1;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    ht_pair_combine_send(HtContext ctx, HtPairCombineArgs args, PairPass pass) {
+  using E = RowElements<T>;
+  extern __shared__ __align__(128) uint8_t s_stages[];  // kPairSmemBytes
+  __shared__ uint64_t s_bars[2 * kWarps];
+  const EpDims d = ctx.dims;
+  const int R = d.num_ranks;
+  const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_combine_seq) + 1;
+  char* recv_base = ctx.buffers.combine_recv[seq & 1];
+  uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const size_t buffer_row_bytes = static_cast<size_t>(d.hidden) * 2;
+  PairStream<T> stream = make_stream<T>(s_stages, s_bars, ctx, args, pass);
+  const int valid = min(*args.num_tokens, args.capacity);  // -1 after a faulted dispatch
+  for (int i = blockIdx.x * kWarps + warp; i < valid; i += gridDim.x * kWarps) {
+    const int src = args.recv_src[i];
+    if (src < 0 || args.num_local_tokens <= 0) continue;
+    const int s = src / args.num_local_tokens, t = src % args.num_local_tokens;
+    if (s >= R || s == d.rank) continue;  // own partials are summed by the receive kernel
+    int pair_row;
+    const int num_pairs = load_pair_rows(args.rows_by_expert, i, d.num_topk, lane, &pair_row);
+    auto* dst = reinterpret_cast<float4*>(
+        static_cast<char*>(transport::peer_ptr(recv_base, s)) +
+        (static_cast<size_t>(d.rank) * d.max_tokens + t) * buffer_row_bytes);
+    stream.begin(pair_row, num_pairs, lane);
+    for (int base = 0; base < pass.num_vectors; base += kChunkVectors) {
+      float acc[kMaxPerVector];
+      stream.next_chunk(acc, lane);
+      const int v = base + lane;
+      if (v >= pass.num_vectors) continue;
+#pragma unroll
+      for (int h = 0; h < E::kPerVector / 4; ++h) {
+        dst[v * (E::kPerVector / 4) + h] =
+            make_float4(acc[4 * h], acc[4 * h + 1], acc[4 * h + 2], acc[4 * h + 3]);
+      }
+    }
+  }
+  if (stream.faulted) record_fault(ctx.status, kStatusTimeout, kOpHtCombine, d.rank, 0);
+  if (arrive_is_last_block(&ctx.counters->ht_combine_send_done)) {
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+      transport::set_flag(flags + d.rank, make_flag(seq, 1), r, nullptr, 0);
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    ht_pair_combine_recv(HtContext ctx, HtPairCombineArgs args, PairPass pass) {
+  using E = RowElements<T>;
+  extern __shared__ __align__(128) uint8_t s_stages[];  // kPairSmemBytes
+  __shared__ uint64_t s_bars[2 * kWarps];
+  __shared__ uint32_t s_lost;  // ranks whose partials never came (bits)
+  const EpDims d = ctx.dims;
+  const int R = d.num_ranks;
+  const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_combine_seq) + 1;
+  const char* recv_base = ctx.buffers.combine_recv[seq & 1];
+  const uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const size_t row_stride = static_cast<size_t>(args.num_columns) * sizeof(T);
+  const size_t buffer_row_bytes = static_cast<size_t>(d.hidden) * 2;
+  PairStream<T> stream = make_stream<T>(s_stages, s_bars, ctx, args, pass);
+  if (threadIdx.x == 0) s_lost = *args.num_tokens < 0 ? 0xffffffffu : 0u;
+  __syncthreads();
+  for (int r = threadIdx.x; R > 1 && r < R; r += blockDim.x) {
+    if (wait_flag(flags + r, seq, ctx.timeout_ns, ctx.status, kOpHtCombine, r, 0) ==
+        kFlagTimedOut) {
+      atomicOr(&s_lost, 1u << r);
+    }
+  }
+  __syncthreads();
+  const uint32_t lost = s_lost;
+  const int valid = min(*args.num_tokens, args.capacity);
+  for (int t = blockIdx.x * kWarps + warp; t < args.num_local_tokens; t += gridDim.x * kWarps) {
+    const int rank_row = lane < R ? args.send_row[static_cast<size_t>(t) * R + lane] : -1;
+    const uint32_t holders = __ballot_sync(0xffffffffu, rank_row >= 0);
+    int4* out_row = reinterpret_cast<int4*>(static_cast<char*>(args.out) +
+                                            static_cast<size_t>(t) * row_stride) +
+                    pass.first_vector;
+    if ((holders & lost) != 0u) {  // void: must not look valid
+      int4 nan;
+#pragma unroll
+      for (int j = 0; j < E::kPerVector; ++j) E::set(nan, j, __int_as_float(0x7fc00000));
+      for (int v = lane; v < pass.num_vectors; v += kWarpSize) out_row[v] = nan;
+      continue;
+    }
+    const int own_row = __shfl_sync(0xffffffffu, rank_row, d.rank);
+    int pair_row = -1, num_pairs = 0;
+    if (own_row >= 0 && own_row < valid) {
+      num_pairs = load_pair_rows(args.rows_by_expert, own_row, d.num_topk, lane, &pair_row);
+    }
+    stream.begin(pair_row, num_pairs, lane);
+    for (int base = 0; base < pass.num_vectors; base += kChunkVectors) {
+      const int v = base + lane;
+      float total[kMaxPerVector];
+#pragma unroll
+      for (int j = 0; j < kMaxPerVector; ++j) total[j] = 0.0f;
+      for (int r = 0; r < R; ++r) {
+        if (((holders >> r) & 1u) == 0u) continue;
+        float partial[kMaxPerVector];
+        if (r == d.rank) {
+          stream.next_chunk(partial, lane);
+        } else if (v < pass.num_vectors) {
+          // Written by peer r's send kernel, published by its flag (acquired above).
+          const int4* src = reinterpret_cast<const int4*>(
+              recv_base + (static_cast<size_t>(r) * d.max_tokens + t) * buffer_row_bytes);
+#pragma unroll
+          for (int h = 0; h < E::kPerVector / 4; ++h) {
+            const int4 raw = ld_v4_no_alloc(src + v * (E::kPerVector / 4) + h, true);
+            partial[4 * h] = __int_as_float(raw.x);
+            partial[4 * h + 1] = __int_as_float(raw.y);
+            partial[4 * h + 2] = __int_as_float(raw.z);
+            partial[4 * h + 3] = __int_as_float(raw.w);
+          }
+        }
+        if (v >= pass.num_vectors) continue;
+#pragma unroll
+        for (int j = 0; j < E::kPerVector; ++j) total[j] += partial[j];
+      }
+      if (v >= pass.num_vectors) continue;
+      int4 packed;
+#pragma unroll
+      for (int j = 0; j < E::kPerVector; ++j) E::set(packed, j, total[j]);
+      st_na_v4(out_row + v, packed);
+    }
+  }
+  if (stream.faulted) record_fault(ctx.status, kStatusTimeout, kOpHtCombine, d.rank, 0);
+  if (runs_epilogue(&ctx.counters->ht_combine_recv_done, R == 1 && ctx.profile == nullptr)) {
+    ctx.counters->ht_combine_seq = seq;
+  }
+}
+
+template <typename T>
+cudaError_t LaunchPairPasses(const HtContext& ctx, const HtPairCombineArgs& args,
+                             cudaStream_t stream) {
+  constexpr int kPerVector = RowElements<T>::kPerVector;
+  const int grid = std::max(1, ctx.num_sms);
+  const int row_vectors = args.num_columns / kPerVector;
+  // A pass's float32 partial fills at most one 2H-byte receive row.
+  const int pass_vectors = ctx.dims.num_ranks == 1
+                               ? row_vectors
+                               : (ctx.dims.hidden * 2 / 4) / kPerVector;
+  if (pass_vectors <= 0) return cudaErrorInvalidValue;
+  for (int first = 0; first < row_vectors; first += pass_vectors) {
+    const PairPass pass{first, std::min(pass_vectors, row_vectors - first)};
+    if (ctx.dims.num_ranks > 1) {
+      ht_pair_combine_send<T><<<grid, kThreads, kPairSmemBytes, stream>>>(ctx, args, pass);
+    }
+    ht_pair_combine_recv<T><<<grid, kThreads, kPairSmemBytes, stream>>>(ctx, args, pass);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+__global__ void ht_slot_values(const float* values, const int32_t* slot_row, int num_slots,
+                               float* out) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < num_slots;
+       i += gridDim.x * blockDim.x) {
+    const int row = slot_row[i];
+    out[i] = row >= 0 ? values[row] : 0.0f;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchHtPairCombine(const HtContext& ctx, const HtPairCombineArgs& args,
+                                cudaStream_t stream) {
+  const size_t element_bytes = args.row_type == HtRowType::kF32 ? 4 : 2;
+  if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.hidden % 8 != 0 || args.num_columns <= 0 ||
+      (static_cast<size_t>(args.num_columns) * element_bytes) % 16 != 0 ||
+      ctx.dims.num_topk > kWarpSize) {
+    return cudaErrorInvalidValue;
+  }
+  switch (args.row_type) {
+    case HtRowType::kBf16: return LaunchPairPasses<__nv_bfloat16>(ctx, args, stream);
+    case HtRowType::kF16: return LaunchPairPasses<__half>(ctx, args, stream);
+    case HtRowType::kF32: return LaunchPairPasses<float>(ctx, args, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t PrepareHtPairCombine() {
+  cudaError_t err = cudaSuccess;
+  for (const void* kernel : {reinterpret_cast<const void*>(ht_pair_combine_send<__nv_bfloat16>),
+                             reinterpret_cast<const void*>(ht_pair_combine_recv<__nv_bfloat16>),
+                             reinterpret_cast<const void*>(ht_pair_combine_send<__half>),
+                             reinterpret_cast<const void*>(ht_pair_combine_recv<__half>),
+                             reinterpret_cast<const void*>(ht_pair_combine_send<float>),
+                             reinterpret_cast<const void*>(ht_pair_combine_recv<float>)}) {
+    if (err == cudaSuccess) {
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(kPairSmemBytes));
+    }
+  }
+  return err;
+}
+
+cudaError_t LaunchHtSlotValues(const float* values, const int32_t* slot_row, int num_slots,
+                               float* out, cudaStream_t stream) {
+  if (num_slots <= 0) return cudaSuccess;
+  const int threads = 256;
+  const int grid = std::min(1024, (num_slots + threads - 1) / threads);
+  ht_slot_values<<<grid, threads, 0, stream>>>(values, slot_row, num_slots, out);
+  return cudaGetLastError();
+}
+
+}  // namespace jax_ep::cuda

@@ -1,0 +1,159 @@
+// The expert-major dispatch's pair plan: for each of this rank's tokens t and
+// top-k entries k, the rank of t among this rank's tokens that choose expert
+// topk_idx[t][k] (in token order), and this rank's tokens per expert. The
+// dispatch kernel (ht_kernels.cu, kExpertMajor) places pair (source s, token
+// t, local expert e) of a receiver at group_start[e] + (the tokens of sources
+// before s choosing e) + this rank.
+//
+// PROTOCOL (local: peers never read these words; two kernels on the
+// dispatch's stream, before its kernel, which reads their results):
+//   ht_pair_count (G blocks): block b counts, per expert e, the tokens of its
+//     range [b*L, b*L + L), L = ceil(T / G), that choose e (a token naming e
+//     twice counts once; entries outside [0, E) count nowhere) and writes
+//     plan_block_counts[b][e] for every e, zeros included.
+//   ht_pair_rank (the same G blocks, after ht_pair_count in stream order):
+//     block b starts from base[e] = sum_{b' < b} plan_block_counts[b'][e] and
+//     walks its range in sub-tiles of 32*W tokens: a bit per (expert, token)
+//     in shared memory (atomicOr; the bits, unlike an atomic counter's order,
+//     do not depend on the threads' timing), then each entry's rank = base[e]
+//     plus the bits of e before its token. plan_pair_rank[t][k] = that rank
+//     for the first k naming a valid e, -1 for every other k. Block G-1 writes
+//     plan_expert_totals[e] (its base plus its own count).
+//   Nothing is reset: every plan rewrites every word it owns, and the next
+//   plan starts after the dispatch kernel that read this one ended (stream
+//   order).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/ht_launch.h"
+
+namespace jax_ep::cuda {
+namespace {
+
+constexpr int kPlanThreads = 512;
+constexpr int kWarpBits = 32;  // tokens per word of the sub-tile bits
+// Shared memory of ht_pair_rank: running counts [E] and the bits [E][W].
+constexpr size_t kPlanSmemBytes = 96 * 1024;
+constexpr int kPlanMaxWords = 32;  // at most 1024 tokens per sub-tile
+
+// Calls f(k, e) for each top-k entry of one token: e is the entry's expert if
+// k is the first entry naming that valid expert, else -1.
+template <typename F>
+__device__ __forceinline__ void for_each_pair(const int32_t* idx, int num_topk, int num_experts,
+                                              F f) {
+  for (int k = 0; k < num_topk; ++k) {
+    const int e = __ldg(idx + k);
+    bool first = e >= 0 && e < num_experts;
+    for (int j = 0; j < k && first; ++j) first = __ldg(idx + j) != e;
+    f(k, first ? e : -1);
+  }
+}
+
+__device__ __forceinline__ void block_range(int num_tokens, int* lo, int* hi) {
+  const int per_block = (num_tokens + gridDim.x - 1) / gridDim.x;
+  *lo = min(num_tokens, static_cast<int>(blockIdx.x) * per_block);
+  *hi = min(num_tokens, *lo + per_block);
+}
+
+__global__ void __launch_bounds__(kPlanThreads)
+    ht_pair_count(HtContext ctx, const int32_t* topk_idx, int num_tokens) {
+  extern __shared__ int s_count[];  // [E]
+  const int E = ctx.dims.num_experts, K = ctx.dims.num_topk;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) s_count[e] = 0;
+  __syncthreads();
+  int lo, hi;
+  block_range(num_tokens, &lo, &hi);
+  for (int t = lo + threadIdx.x; t < hi; t += blockDim.x) {
+    for_each_pair(topk_idx + static_cast<size_t>(t) * K, K, E, [&](int, int e) {
+      if (e >= 0) atomicAdd(&s_count[e], 1);
+    });
+  }
+  __syncthreads();
+  int32_t* out = ctx.buffers.plan_block_counts + static_cast<size_t>(blockIdx.x) * E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) out[e] = s_count[e];
+}
+
+__global__ void __launch_bounds__(kPlanThreads)
+    ht_pair_rank(HtContext ctx, const int32_t* topk_idx, int num_tokens, int words) {
+  extern __shared__ int s_plan[];
+  const int E = ctx.dims.num_experts, K = ctx.dims.num_topk;
+  int* s_running = s_plan;                                      // [E]
+  uint32_t* s_bits = reinterpret_cast<uint32_t*>(s_plan + E);  // [E][words]
+  const HtBuffers& b = ctx.buffers;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int base = 0;
+    for (int other = 0; other < static_cast<int>(blockIdx.x); ++other) {
+      base += b.plan_block_counts[static_cast<size_t>(other) * E + e];
+    }
+    s_running[e] = base;
+  }
+  int lo, hi;
+  block_range(num_tokens, &lo, &hi);
+  const int tile = kWarpBits * words;
+  for (int first = lo; first < hi; first += tile) {
+    const int n = min(tile, hi - first);
+    for (int i = threadIdx.x; i < E * words; i += blockDim.x) s_bits[i] = 0u;
+    __syncthreads();  // also orders s_running's first writes before its reads
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      for_each_pair(topk_idx + static_cast<size_t>(first + i) * K, K, E, [&](int, int e) {
+        if (e >= 0) atomicOr(&s_bits[e * words + i / kWarpBits], 1u << (i % kWarpBits));
+      });
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      int32_t* ranks = b.plan_pair_rank + static_cast<size_t>(first + i) * K;
+      for_each_pair(topk_idx + static_cast<size_t>(first + i) * K, K, E, [&](int k, int e) {
+        int rank = -1;
+        if (e >= 0) {
+          const uint32_t* bits = s_bits + e * words;
+          rank = s_running[e];
+          for (int w = 0; w < i / kWarpBits; ++w) rank += __popc(bits[w]);
+          rank += __popc(bits[i / kWarpBits] & ((1u << (i % kWarpBits)) - 1u));
+        }
+        ranks[k] = rank;
+      });
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      int count = 0;
+      for (int w = 0; w < words; ++w) count += __popc(s_bits[e * words + w]);
+      s_running[e] += count;
+    }
+    __syncthreads();  // the next sub-tile zeroes the bits only after these reads
+  }
+  if (blockIdx.x == gridDim.x - 1) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) b.plan_expert_totals[e] = s_running[e];
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchHtPairPlan(const HtContext& ctx, const int32_t* topk_idx, int num_tokens,
+                             cudaStream_t stream) {
+  const int E = ctx.dims.num_experts;
+  const int grid = std::max(1, std::min({kHtPlanBlocks, ctx.num_sms,
+                                         (num_tokens + kWarpBits - 1) / kWarpBits}));
+  const int per_block = (num_tokens + grid - 1) / grid;
+  const int max_words = static_cast<int>((kPlanSmemBytes / sizeof(int) - E) / std::max(E, 1));
+  const int words = std::max(1, std::min({kPlanMaxWords, max_words,
+                                          (per_block + kWarpBits - 1) / kWarpBits}));
+  if (E <= 0 || max_words < 1 || num_tokens < 0) return cudaErrorInvalidValue;
+  ht_pair_count<<<grid, kPlanThreads, E * sizeof(int), stream>>>(ctx, topk_idx, num_tokens);
+  const size_t smem = (static_cast<size_t>(E) + static_cast<size_t>(E) * words) * sizeof(int);
+  ht_pair_rank<<<grid, kPlanThreads, smem, stream>>>(ctx, topk_idx, num_tokens, words);
+  return cudaGetLastError();
+}
+
+cudaError_t PrepareHtPairPlan() {
+  cudaError_t err = cudaFuncSetAttribute(ht_pair_rank, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kPlanSmemBytes));
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(ht_pair_count, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(kPlanSmemBytes));
+  }
+  return err;
+}
+
+}  // namespace jax_ep::cuda
