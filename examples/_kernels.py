@@ -6,7 +6,8 @@ from __future__ import annotations
 import collections
 import re
 
-HT_KERNELS = ("jax_ep_ht_dispatch", "jax_ep_ht_combine")   # jax_ep.backends.cuda targets
+# jax_ep.backends.cuda targets of the examples' expert-major dispatch and combine.
+HT_KERNELS = ("jax_ep_ht_dispatch_expert_major", "jax_ep_ht_combine_expert_major")
 
 
 STATUS_CHECK = "jax_ep_status_check"  # not a kernel: the fault check every call reads

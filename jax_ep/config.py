@@ -58,10 +58,7 @@ class EpConfig:
       kernels and takes the portable path instead (slower: an XLA all_to_all
       plus packing): "warn" (default) logs a warning once per (op, reason),
       naming the reason and the fix; "error" raises EpConfigError at trace
-      time; "allow" takes it silently. A call that stays on the kernels but
-      adds local XLA passes (layout="expert_major" today) is announced once
-      under "warn" and "error" alike, and silent under "allow". The portable
-      backend ignores it.
+      time; "allow" takes it silently. The portable backend ignores it.
   """
 
   num_experts: int

@@ -150,14 +150,17 @@ def slot_values(pair_values: jax.Array, slot_row: jax.Array) -> jax.Array:
   return jnp.where(slot_row >= 0, pair_values[jnp.maximum(slot_row, 0)], 0.0)
 
 
-def from_token_major(result: DispatchResult, *, experts_per_rank: int, alignment: int,
-                     num_rows: int) -> DispatchResult:
-  """A token-major DispatchResult (capacity R * T) -> the expert-major one."""
+def from_token_major(result: DispatchResult, topk_idx: jax.Array, *, experts_per_rank: int,
+                     alignment: int, num_rows: int) -> DispatchResult:
+  """A token-major DispatchResult (capacity R * T) -> the expert-major one;
+  ``topk_idx``: int32[T_local, K], the routing the dispatch took (kept in the
+  handle)."""
   pairs = pair_layout(result.topk_idx, result.topk_weights, experts_per_rank=experts_per_rank,
                       alignment=alignment, num_rows=num_rows)
   handle = ExpertMajorHandle(token_major=result.handle, pair_src=pairs.pair_src,
                              rows_by_expert=pairs.rows_by_expert, slot_row=pairs.slot_row,
-                             num_tokens=pairs.num_pairs, config=result.handle.config)
+                             topk_idx=topk_idx, num_tokens=pairs.num_pairs, alignment=alignment,
+                             config=result.handle.config)
   scales = None if result.scales is None else to_pairs(result.scales, pairs.pair_src)
   return DispatchResult(x=to_pairs(result.x, pairs.pair_src), scales=scales,
                         topk_idx=pairs.pair_expert, topk_weights=pairs.pair_weight,

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 
 from jax_ep import _other_axes
 from jax_ep import _validate
-from jax_ep import expert_major
 from jax_ep._op_support import _Static, _check_handle, _is_zero, _prepare, _primal, _varying
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError, EpError
@@ -162,7 +161,7 @@ def _ht_dispatch_expert_major_bwd(static, handle, ct: DispatchResult):
         backend.ht_combine_expert_major(ct.x, handle),)
   grad_weights = None
   if not _is_zero(ct.topk_weights):
-    per_slot = expert_major.slot_values(ct.topk_weights.astype(jnp.float32), handle.slot_row)
+    per_slot = backend.ht_slot_values(ct.topk_weights.astype(jnp.float32), handle)
     grad_weights = backend.ht_combine(per_slot, handle.token_major)
   return grad_payloads, None, grad_weights
 

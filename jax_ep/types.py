@@ -56,21 +56,26 @@ class DispatchHandle:
   config: EpConfig
 
 
-@_pytree(data=("token_major", "pair_src", "rows_by_expert", "slot_row", "num_tokens"),
-         meta=("config",))
+@_pytree(data=("token_major", "pair_src", "rows_by_expert", "slot_row", "topk_idx",
+               "num_tokens"),
+         meta=("alignment", "config"))
 @dataclasses.dataclass(frozen=True)
 class ExpertMajorHandle:
   """Layout of one expert-major HT dispatch (jax_ep.expert_major), for combine
   and the backward passes.
 
   Attributes:
-    token_major: the DispatchHandle of the token-major exchange underneath
+    token_major: the DispatchHandle of the token-major staging rows underneath
       (capacity R * T: nothing is dropped there).
     pair_src: int32[M]: token-major row of each pair row, -1 on padding.
     rows_by_expert: int32[R*T, K]: pair rows of each token-major row in
       ascending local expert, then -1 (the combine's summation order).
     slot_row: int32[R*T, K]: pair row of each valid (row, k), -1 elsewhere.
+    topk_idx: int32[T_local, K]: this rank's routing as the dispatch took it
+      (after its checks), so that the combine's backward can run the same
+      expert-major dispatch again and land its rows where the forward did.
     num_tokens: int32[]: pair rows.
+    alignment: A, the dispatch's expert_alignment (static).
     config: the EpConfig of the dispatch (static).
   """
 
@@ -78,7 +83,9 @@ class ExpertMajorHandle:
   pair_src: jax.Array
   rows_by_expert: jax.Array
   slot_row: jax.Array
+  topk_idx: jax.Array
   num_tokens: jax.Array
+  alignment: int
   config: EpConfig
 
 

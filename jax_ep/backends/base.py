@@ -54,6 +54,11 @@ class Backend(Protocol):
     """[M, W] pair rows -> [T_local, W]: per rank an fp32 sum over the token's
     pairs in ascending local expert, those partials summed in rank order."""
 
+  def ht_slot_values(self, values: jax.Array, handle: ExpertMajorHandle) -> jax.Array:
+    """float32[M] per-pair values -> float32[C, K]: the value of the pair row of
+    each valid (row, k) of the token-major staging rows (handle.slot_row), 0
+    elsewhere; local, no exchange (the dispatch's weight gradient)."""
+
   # Low latency.
   def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool,
                   live: tuple[bool, ...]) -> LowLatencyDispatchResult:

@@ -27,8 +27,8 @@ from jax_ep._vma import match_vma, result_type
 from jax_ep.backends.xla import XlaBackend
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError
-from jax_ep.types import (DispatchHandle, DispatchResult, LowLatencyDispatchResult,
-                          LowLatencyHandle, LowLatencySent)
+from jax_ep.types import (DispatchHandle, DispatchResult, ExpertMajorHandle,
+                          LowLatencyDispatchResult, LowLatencyHandle, LowLatencySent)
 
 I32 = jnp.int32
 F32 = jnp.float32
@@ -75,34 +75,18 @@ def portable_fallback(op: str, config: EpConfig, reason: str, fix: str) -> None:
   """Called when `op` is about to take the portable path for `reason` (at trace
   time): per ``config.fallback``, logs a warning the first time for this (op,
   reason), raises EpConfigError, or does nothing."""
-  _announce(op, config, reason,
-            f"jax_ep.{op}: the CUDA kernels cannot run this call ({reason}), so it takes the "
-            f"portable path: an XLA all_to_all plus packing, several times slower. To stay on "
-            f"the kernels: {fix}.",
-            "EpConfig(fallback='warn') runs it on the portable path, with a warning")
-
-
-def slower_path(op: str, config: EpConfig, what: str, cost: str, fix: str) -> None:
-  """Called when `op` runs on the kernels plus extra local XLA passes (`what`,
-  costing `cost`; no collective) instead of the kernel path it asked for: a
-  warning once per (op, what), silenced by fallback="allow". Not an error under
-  fallback="error", which refuses the portable exchange only."""
-  _announce(op, config, what,
-            f"jax_ep.{op}: {what}, so it costs {cost} beyond the kernels' own work. {fix}.",
-            None)
-
-
-def _announce(op: str, config: EpConfig, reason: str, message: str,
-              error_fix: str | None) -> None:
   if config.fallback == "allow":
     return
-  if config.fallback == "error" and error_fix is not None:
-    raise EpConfigError(f"{message} ({error_fix}.)")
+  message = (f"jax_ep.{op}: the CUDA kernels cannot run this call ({reason}), so it takes the "
+             f"portable path: an XLA all_to_all plus packing, several times slower. To stay on "
+             f"the kernels: {fix}.")
+  if config.fallback == "error":
+    raise EpConfigError(f"{message} (EpConfig(fallback='warn') runs it on the portable path, "
+                        "with a warning.)")
   if (op, reason) not in _announced:
     _announced.add((op, reason))
-    policy = ("EpConfig(fallback='error') makes it an error, fallback='allow' silences it"
-              if error_fix is not None else "EpConfig(fallback='allow') silences it")
-    logging.warning("%s This warning is shown once; %s.", message, policy)
+    logging.warning("%s This warning is shown once; EpConfig(fallback='error') makes it an "
+                    "error, fallback='allow' silences it.", message)
 
 
 def ht_unsupported(config: EpConfig, num_ranks: int) -> tuple[str, str] | None:
@@ -330,37 +314,124 @@ class CudaBackend(XlaBackend):
     return summed[:, :width] if padded.shape[1] != width else summed
 
   # ---------------------------------------------------------------- HT, expert-major
-  # The dispatch kernel writes token-major rows; the pairs are placed by XLA
-  # passes on the receiver (jax_ep/expert_major.py), announced: a kernel that
-  # writes each pair straight into its row is not built yet.
-  _EXPERT_MAJOR_FIX = ("layout='token_major' avoids the extra passes, at the price of the "
-                       "user's own grouping by expert")
-
+  # The kernels write and read the pair rows themselves (jax_ep/expert_major.py
+  # states the row formula): the dispatch kernel places each (token, local
+  # expert) pair straight into its row of [M, H] and returns the pair table
+  # with the token-major staging layout (capacity R * T) underneath; the
+  # combine kernel sums each token's pair rows per rank in float32, in
+  # ascending local expert, and those partials in rank order. Same results
+  # as the portable path (backends/xla.py), bit for bit.
   def ht_dispatch_expert_major(self, payloads, topk_idx, topk_weights, config: EpConfig,
                                num_rows: int, alignment: int) -> DispatchResult:
-    slower_path("dispatch", config,
-                "layout='expert_major' runs the token-major dispatch kernel, then places the "
-                "pairs in XLA (the kernel does not write pair rows yet)",
-                "one more read and write of the received rows (a gather into [M, H])",
-                self._EXPERT_MAJOR_FIX)
-    return super().ht_dispatch_expert_major(payloads, topk_idx, topk_weights, config, num_rows,
-                                            alignment)
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    why = ht_unsupported(config, num_ranks) or ht_payload_unsupported(payloads, config)
+    if why is not None:
+      portable_fallback("dispatch", config, *why)
+      return super().ht_dispatch_expert_major(payloads, topk_idx, topk_weights, config,
+                                              num_rows, alignment)
+    if config.debug_checks:
+      self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index
+    return self._ht_dispatch_expert_major_kernel(payloads, topk_idx, topk_weights, config,
+                                                 num_rows, alignment, num_ranks)
 
-  def ht_dispatch_cached_expert_major(self, payload: jax.Array, handle) -> jax.Array:
-    slower_path("combine (backward)", handle.config,
-                "an expert-major combine's backward runs the token-major dispatch kernel, then "
-                "places the pairs in XLA", "one more read and write of the received rows",
-                self._EXPERT_MAJOR_FIX)
-    return super().ht_dispatch_cached_expert_major(payload, handle)
+  def _ht_dispatch_expert_major_kernel(self, payloads, topk_idx, topk_weights,
+                                       config: EpConfig, num_rows: int, alignment: int,
+                                       num_ranks: int) -> DispatchResult:
+    x = payloads[0]
+    num_tokens = x.shape[0]
+    scales = payloads[1] if len(payloads) == 2 else jnp.zeros((num_tokens, 0), F32)
+    scale_columns = scales.shape[1]
+    scales = _pad_scale_words(scales)
+    capacity = config.capacity(num_ranks)  # the token-major staging rows: nothing dropped
+    k = config.num_topk
+    experts_per_rank = config.experts_per_rank(num_ranks)
+    results = (result_type((num_rows, config.hidden), x.dtype, x),
+               result_type((num_rows,) + scales.shape[1:], scales.dtype, x),
+               result_type((num_rows,), I32, x), result_type((num_rows,), F32, x),
+               result_type((num_rows,), I32, x), result_type((), I32, x),
+               result_type((experts_per_rank,), I32, x), result_type((experts_per_rank,), I32, x),
+               result_type((), I32, x), result_type((), I32, x),
+               result_type((capacity,), I32, x), result_type((num_tokens, num_ranks), I32, x),
+               result_type((), I32, x),
+               result_type((capacity, k), I32, x), result_type((capacity, k), I32, x))
+    (out_x, out_scales, pair_expert, pair_weight, pair_src, num_pairs, tokens_per_expert,
+     group_sizes, num_dropped, num_invalid, recv_src, send_row, num_kept, slot_row,
+     rows_by_expert) = _call("jax_ep_ht_dispatch_expert_major", results, x, scales, topk_idx,
+                             topk_weights, capacity=np.int64(capacity),
+                             num_rows=np.int64(num_rows), alignment=np.int64(alignment),
+                             config=config_attr(config, num_ranks))
+    token_major = DispatchHandle(recv_src=recv_src, send_row=send_row, num_tokens=num_kept,
+                                 config=config)
+    handle = ExpertMajorHandle(token_major=token_major, pair_src=pair_src,
+                               rows_by_expert=rows_by_expert, slot_row=slot_row,
+                               topk_idx=topk_idx, num_tokens=num_pairs, alignment=alignment,
+                               config=config)
+    out_scales = out_scales[:, :scale_columns]
+    return DispatchResult(x=out_x, scales=out_scales if len(payloads) == 2 else None,
+                          topk_idx=pair_expert, topk_weights=pair_weight, num_tokens=num_pairs,
+                          tokens_per_expert=tokens_per_expert, num_dropped=num_dropped,
+                          num_invalid=num_invalid, handle=handle, group_sizes=group_sizes)
 
-  def ht_combine_expert_major(self, rows: jax.Array, handle) -> jax.Array:
-    slower_path("combine", handle.config,
-                "an expert-major combine sums each token's pair rows per rank in XLA, then "
-                "runs the combine kernel on those float32 partials (the kernel does not read "
-                "pair rows yet)",
-                "one pass over the pair rows and float32 rows on the wire (2x bfloat16's "
-                "bytes per token and rank)", self._EXPERT_MAJOR_FIX)
-    return super().ht_combine_expert_major(rows, handle)
+  def ht_dispatch_cached_expert_major(self, payload: jax.Array,
+                                      handle: ExpertMajorHandle) -> jax.Array:
+    """The expert-major combine's backward on the expert-major dispatch kernel:
+    [T_local, H] rows -> [M, H], each at every pair row of its token.
+
+    The kernel runs again on the forward's routing (handle.topk_idx, as the
+    forward dispatch took it) with the same M and A, so every pair lands in
+    the row it had: the rows depend on the routing alone (the expert_major.py
+    formula), not on the weights, which are zeros here. debug_checks add
+    nothing: the forward checked this routing."""
+    config = handle.config
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    num_tokens = handle.topk_idx.shape[0]
+    op = "combine (backward)"
+    why = (ht_unsupported(config, num_ranks)
+           or ht_payload_unsupported((payload,), config))
+    if payload.ndim != 2 or payload.shape != (num_tokens, config.hidden):
+      why = (f"cotangent rows of shape {payload.shape}", f"rows of [{num_tokens}, "
+             f"{config.hidden}]")
+    if why is not None:
+      portable_fallback(op, config, *why)
+      return super().ht_dispatch_cached_expert_major(payload, handle)
+    weights = jnp.zeros((num_tokens, config.num_topk), F32)
+    return self._ht_dispatch_expert_major_kernel(
+        (payload,), handle.topk_idx, weights, config, handle.pair_src.shape[0],
+        handle.alignment, num_ranks).x
+
+  def ht_combine_expert_major(self, rows: jax.Array, handle: ExpertMajorHandle) -> jax.Array:
+    """[M, W] pair rows (bf16/f16/f32; hidden rows, or any width) -> [T_local, W]."""
+    config = handle.config
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    why = ht_unsupported(config, num_ranks)
+    if why is None and (rows.ndim != 2
+                        or not any(rows.dtype == jnp.dtype(d) for d in HT_ROW_DTYPES)):
+      why = (f"rows of dtype {rows.dtype} and shape {rows.shape}", "combine bfloat16, float16 "
+             "or float32 [M, W] rows")
+    if why is not None:
+      portable_fallback("combine", config, *why)
+      return super().ht_combine_expert_major(rows, handle)
+    token_major = handle.token_major
+    width = rows.shape[1]
+    padded = _pad_columns(rows)
+    out = result_type((token_major.send_row.shape[0], padded.shape[1]), rows.dtype, rows)
+    summed = _call("jax_ep_ht_combine_expert_major", out, padded, handle.rows_by_expert,
+                   token_major.recv_src, token_major.send_row, token_major.num_tokens,
+                   capacity=np.int64(token_major.recv_src.shape[0]),
+                   config=config_attr(config, num_ranks))
+    return summed[:, :width] if padded.shape[1] != width else summed
+
+  def ht_slot_values(self, values: jax.Array, handle: ExpertMajorHandle) -> jax.Array:
+    """float32[M] -> float32[R*T, K] on a local kernel (no peer). Where the HT
+    kernels cannot serve the config at all, the portable gather (also local;
+    the combine that takes its result announces the portable path)."""
+    config = handle.config
+    num_ranks = jax.lax.axis_size(config.axis_name)
+    if ht_unsupported(config, num_ranks) is not None:
+      return super().ht_slot_values(values, handle)
+    out = result_type(handle.slot_row.shape, F32, values)
+    return _call("jax_ep_ht_slot_values", out, values.astype(F32), handle.slot_row,
+                 config=config_attr(config, num_ranks))
 
   # ---------------------------------------------------------------- LL
   # The kernels read the rank mask from device memory (cuda_runtime sets it);
@@ -604,6 +675,8 @@ class CudaBackend(XlaBackend):
 
 def lowering_check_targets() -> tuple[str, ...]:
   """FFI targets the CUDA backend emits (tests look for them in lowered HLO)."""
-  return ("jax_ep_ht_dispatch", "jax_ep_ht_combine", "jax_ep_ll_dispatch", "jax_ep_ll_combine",
+  return ("jax_ep_ht_dispatch", "jax_ep_ht_combine", "jax_ep_ht_dispatch_expert_major",
+          "jax_ep_ht_combine_expert_major", "jax_ep_ht_slot_values", "jax_ep_ll_dispatch",
+          "jax_ep_ll_combine",
           "jax_ep_ll_dispatch_send",
           "jax_ep_ll_dispatch_recv", "jax_ep_ll_combine_send", "jax_ep_ll_combine_recv")

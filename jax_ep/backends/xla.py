@@ -151,7 +151,7 @@ class XlaBackend:
     num_ranks = _num_ranks(config)
     token_major = self.ht_dispatch(payloads, topk_idx, topk_weights, config,
                                    config.capacity(num_ranks))
-    return expert_major.from_token_major(token_major,
+    return expert_major.from_token_major(token_major, topk_idx,
                                          experts_per_rank=config.experts_per_rank(num_ranks),
                                          alignment=alignment, num_rows=num_rows)
 
@@ -163,6 +163,10 @@ class XlaBackend:
   def ht_combine_expert_major(self, rows: jax.Array, handle: ExpertMajorHandle) -> jax.Array:
     partials = expert_major.per_rank_partials(rows, handle.rows_by_expert)
     return self.ht_combine(partials, handle.token_major).astype(rows.dtype)
+
+  def ht_slot_values(self, values: jax.Array, handle: ExpertMajorHandle) -> jax.Array:
+    """float32[M] per-pair values -> float32[R*T, K] (expert_major.slot_values)."""
+    return expert_major.slot_values(values, handle.slot_row)
 
   # ---------------------------------------------------------------- LL
   def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool,
