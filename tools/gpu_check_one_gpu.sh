@@ -46,14 +46,15 @@ one_gpu_run() {
 LONG_TESTS="1000_calls or 10000_calls"
 
 # ONE_GPU_CMDBUF: the XLA command-buffer settings the suite runs under (default "on off").
+# ONE_GPU_SUITE_PATH: the tests it runs (default tests/gpu, e.g. one file of it).
 one_gpu_suite() {  # N: the suite without the long tests, command buffers on and off
-  local n=$1 cmdbuf
+  local n=$1 cmdbuf path=${ONE_GPU_SUITE_PATH:-tests/gpu}
   for cmdbuf in ${ONE_GPU_CMDBUF:-on off}; do
     if [[ $cmdbuf == on ]]; then
-      one_gpu_run "suite_n${n}_cmdbuf_on" "$n" tests/gpu "not ($LONG_TESTS)" "" \
+      one_gpu_run "suite_n${n}_cmdbuf_on" "$n" "$path" "not ($LONG_TESTS)" "" \
           XLA_FLAGS="${XLA_FLAGS:-}"
     else
-      one_gpu_run "suite_n${n}_cmdbuf_off" "$n" tests/gpu "not ($LONG_TESTS)" "" \
+      one_gpu_run "suite_n${n}_cmdbuf_off" "$n" "$path" "not ($LONG_TESTS)" "" \
           XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
     fi
   done

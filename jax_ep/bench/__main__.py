@@ -39,8 +39,10 @@ flags.DEFINE_bool("ragged", False, "ht: time only the ragged_all_to_all (MaxText
                   "and the bare all_to_all")
 flags.DEFINE_bool("baselines", True, "also time the portable all_to_all paths "
                   "(--nobaselines: jax_ep and the bare all_to_all only, for quick A/B runs)")
-flags.DEFINE_bool("layouts", False, "ht: also time the expert-major layout against the "
-                  "token-major one and the token-major one followed by a jnp sort")
+flags.DEFINE_bool("layouts", False, "ht: also time the expert-major layout (BF16 and FP8 "
+                  "dispatch, BF16 combine; A=1 and 128) against the token-major one and the "
+                  "token-major one followed by a jnp sort, each expert-major row with its floor "
+                  "(an XLA copy of its pair rows, the ratio in the row's note)")
 flags.DEFINE_list("sm_sweep", [], "ht: also time jax_ep at these SM budgets (EpConfig.num_sms)")
 FLAGS = flags.FLAGS
 

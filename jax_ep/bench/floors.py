@@ -15,7 +15,12 @@ row can be read against what it cannot go below:
   * LL combine: XLA's float32 sum of each token's K pair rows into one bf16 row
     (reads every pair row once, writes every token row once);
   * HT FP8 dispatch: jax_ep.fp8.quantize of x (reads bf16, writes e4m3 rows and
-    their scales).
+    their scales);
+  * the expert-major layout (layouts.py, --layouts), per alignment A: a copy of
+    its M pair rows (bf16 [M, H]; for the FP8 dispatch the e4m3 [M, H] rows and
+    their float32 [M, H/128] scales), M the dispatch's row count at that A
+    (jax_ep.expert_major.default_rows): the bytes a dispatch that writes each
+    pair once, or a combine that reads each once, cannot avoid.
 
 They are floors of the local path only: at EP > 1 they say nothing of links.
 """
@@ -31,6 +36,23 @@ from jax_ep.bench import measure, timing
 from jax_ep.bench.results import Row, row_of
 
 SYSTEM = "XLA (HBM floor)"
+
+# The expert-major layout's alignments A (layouts.py times each; its rows and
+# their floors are named per A, so that FLOOR_OF pairs them).
+LAYOUT_ALIGNMENTS = (1, 128)
+
+
+def expert_major_op(what: str, alignment: int) -> str:
+  """Op name of an expert-major layout row: what = "dispatch BF16", "dispatch FP8"
+  or "combine BF16"."""
+  return f"layout: HT {what}, A={alignment}"
+
+
+def pair_rows_floor(alignment: int, fp8: bool = False) -> str:
+  """Op name of the floor of the expert-major rows at A = alignment (a copy of the
+  M pair rows; ``fp8``: e4m3 rows and their scales)."""
+  return f"layout: copy of the {'FP8 pairs' if fp8 else 'pair rows'}, A={alignment}"
+
 
 # The floor row (op name of this system) each op's time is read against at EP1
 # (plot.py): the plain-XLA pass that moves the op's bytes, or the one-kernel floor
@@ -48,6 +70,8 @@ FLOOR_OF = {
     "get_dispatch_layout": "one tiny kernel",
     "layout: HT dispatch BF16": "HT BF16: copy of the rows",
     "layout: HT combine BF16": "HT BF16: copy of the rows",
+    **{expert_major_op(what, a): pair_rows_floor(a, fp8=what.endswith("FP8"))
+       for a in LAYOUT_ALIGNMENTS for what in ("dispatch BF16", "dispatch FP8", "combine BF16")},
 }
 
 
@@ -55,8 +79,17 @@ def _tiny(routing: jax.Array) -> tuple[jax.Array]:
   return (routing + 1,)
 
 
-def _copy(rows: jax.Array) -> tuple[jax.Array]:
-  return (rows + jnp.asarray(1, rows.dtype),)
+def _copy(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+  """Each array + 1: every byte read once and written once. 1-byte floats
+  (float8) as their uint8 bytes: XLA's float8 add converts each element to a
+  wider float and back, which costs more than the bytes (2026-12-03, one H200:
+  the e4m3 pair rows' copy took as long as the bf16 ones, twice its bytes)."""
+  def one(a):
+    if a.dtype.itemsize == 1 and jnp.issubdtype(a.dtype, jnp.floating):
+      raw = jax.lax.bitcast_convert_type(a, jnp.uint8) + jnp.uint8(1)
+      return jax.lax.bitcast_convert_type(raw, a.dtype)
+    return a + jnp.asarray(1, a.dtype)
+  return tuple(one(a) for a in arrays)
 
 
 def _gather(x: jax.Array, token_of_pair: jax.Array) -> tuple[jax.Array]:
@@ -124,3 +157,28 @@ def ht_rows(runner: measure.Runner, x: np.ndarray, idx: np.ndarray,
              runner.time("floor: HT FP8 quantize", _quantize, [x]),
              note="jax_ep.fp8.quantize of x: reads bf16, writes e4m3 rows and scales"),
   ]
+
+
+def layout_rows(runner: measure.Runner, num_rows: dict[int, int], hidden: int, scale_dtype,
+                ranks_here: int = 1) -> list[Row]:
+  """Floors of the expert-major layout rows: per alignment A (``num_rows``: {A: M},
+  M pair rows per rank), a copy of bf16 [M, H] and one of e4m3 [M, H] with float32
+  (``scale_dtype``) [M, H/128] scales, each on this process's ranks' parts one
+  after the other ([ranks_here * M, ...])."""
+  out = []
+  for alignment, rows in num_rows.items():
+    bf16 = np.zeros((ranks_here * rows, hidden), jnp.bfloat16)
+    q = np.zeros((ranks_here * rows, hidden), jnp.float8_e4m3fn)
+    scales = np.zeros((ranks_here * rows, hidden // jax_ep.fp8.GROUP), scale_dtype)
+    fp8_bytes = rows * (hidden + scales.shape[1] * scales.dtype.itemsize)
+    out += [
+        row_of(pair_rows_floor(alignment), SYSTEM,
+               runner.time(f"floor: pair rows copy, A={alignment}", _copy, [bf16]),
+               note=f"elementwise over the {rows} bf16 pair rows of A={alignment}: "
+                    f"{_mib(2 * rows * 2 * hidden)} read + written"),
+        row_of(pair_rows_floor(alignment, fp8=True), SYSTEM,
+               runner.time(f"floor: FP8 pair rows copy, A={alignment}", _copy, [q, scales]),
+               note=f"elementwise over the {rows} e4m3 pair rows of A={alignment} and their "
+                    f"{scales.dtype} scales: {_mib(2 * fp8_bytes)} read + written"),
+    ]
+  return out

@@ -11,7 +11,9 @@ Systems, all timed the same way in the same run (timing.py):
   * the bare all_to_all of the padded [R, T, ...] buffer (bare.py), bf16 and
     FP8, and every system's time over it;
   * (--layouts) rows grouped by expert for a grouped matmul: the expert-major
-    layout against the token-major one and the user's sort after it (layouts.py);
+    layout (BF16 and FP8 dispatch, BF16 combine) against the token-major one and
+    the user's sort after it, each expert-major row with its floor, an XLA copy
+    of the same pair rows (layouts.py);
   * the HBM floors of the local path (floors.py): one tiny kernel, a copy and an
     FP8 quantize of the rows in plain XLA.
 Bytes and GB/s: traffic.py (DeepEP's count and the bytes that cross NVLink).
@@ -205,8 +207,9 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   bare exchange over tokens per rank 128..8192 (+ PNG). ``sm_sweep``: also
   jax_ep at each of these SM budgets (EpConfig.num_sms). ``baselines=False``:
   jax_ep and the bare exchange only (quick A/B runs of kernel variants).
-  ``layouts``: also the layout rows (layouts.py): expert-major, token-major,
-  and token-major followed by the user's jnp sort. ``warmup_calls``: calls of
+  ``layouts``: also the layout rows (layouts.py): expert-major (with the
+  floors of its rows), token-major, and token-major followed by the user's jnp
+  sort. ``warmup_calls``: calls of
   warm-up executions before each system (timing.py).
   """
   num_ranks = jax.device_count()
@@ -240,7 +243,8 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   rows += _bare_rows(bare_of, tokens, hidden)
   rows += floors.ht_rows(runner, s.x, s.idx, s.ranks_here)
   if layouts:
-    rows += layout_rows.rows(runner, config, s.x, s.idx, s.w, "jax_ep")
+    rows += layout_rows.rows(runner, config, s.x, s.q, s.scales, s.idx, s.w, "jax_ep",
+                             s.ranks_here)
     meta["expert_alignments"] = list(layout_rows.ALIGNMENTS)
   if runner.profiles:
     meta["kernel_profile"] = runner.profiles

@@ -16,6 +16,9 @@ from jax_ep.bench import traffic as traffic_lib
 from jax_ep.bench.timing import slope_is_stable
 
 TABLE_ERROR_CHARS = 100
+# Widths of the table's op and system columns (the layout rows' names fit).
+OP_COLUMN = 38
+SYSTEM_COLUMN = 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +109,11 @@ def _cell(value: float | None, width: int, digits: int) -> str:
 
 def format_table(rows: list[Row], title: str) -> str:
   lines = [title,
-           f"{'op':<30}{'system':<30}{'us/call':>10}{'GB/s':>9}{'link GB/s':>11}"
+           f"{'op':<{OP_COLUMN}}{'system':<{SYSTEM_COLUMN}}{'us/call':>10}{'GB/s':>9}"
+           f"{'link GB/s':>11}"
            f"{'/ bare':>8}{'x portable':>11}"]
   for r in rows:
-    head = f"{r.op:<30}{r.system:<30}"
+    head = f"{r.op:<{OP_COLUMN}}{r.system:<{SYSTEM_COLUMN}}"
     if r.failed:
       first = r.error.splitlines()[0] if r.error else ""
       lines.append(f"{head}{'FAILED':>10}  {first[:TABLE_ERROR_CHARS]}")

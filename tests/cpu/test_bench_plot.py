@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from jax_ep.bench import plot
+from jax_ep.bench import floors, plot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LL_RUNS = sorted(glob.glob(os.path.join(ROOT, "docs", "results", "ll_2026-12-03_67a9c6d*.json")))
@@ -64,6 +64,33 @@ def test_each_op_is_read_against_its_floor_at_ep1_and_the_bare_exchange_beyond()
   assert plot.reference("LL combine BF16", bars, 8) == ("bare all_to_all BF16", 4.5)
   assert plot.reference("LL dispatch, no rows", bars, 8) is None  # moves no rows
   assert [plot.is_reference(b) for b in bars] == [False] * 4 + [True] * 5
+
+
+def test_each_expert_major_layout_row_is_read_against_its_own_pair_rows_copy():
+  """The layout rows at EP1: an expert-major row (dispatch BF16 or FP8, combine) against
+  the copy of its alignment's pair rows, the token-major ones against the copy of the
+  token rows; at EP > 1 none has a bare exchange of its own."""
+  def row(op, system, us):
+    return dict(op=op, system=system, us=us, failed=False, below_noise=False)
+  rows = [row("layout: HT dispatch BF16", "jax_ep token-major", 3.0),
+          row("HT BF16: copy of the rows", floors.SYSTEM, 1.0)]
+  for a, us in ((1, 5.0), (128, 9.0)):
+    rows += [row(floors.expert_major_op(what, a), f"jax_ep expert-major A={a}", 2 * us)
+             for what in ("dispatch BF16", "dispatch FP8", "combine BF16")]
+    rows += [row(floors.pair_rows_floor(a), floors.SYSTEM, us),
+             row(floors.pair_rows_floor(a, fp8=True), floors.SYSTEM, us / 2)]
+  bars = plot.bars_of_rows(rows)
+  assert plot.reference("layout: HT dispatch BF16", bars, 1) == (
+      "floor: HT BF16: copy of the rows", 1.0)
+  for a, us in ((1, 5.0), (128, 9.0)):
+    for what in ("dispatch BF16", "combine BF16"):
+      assert plot.reference(floors.expert_major_op(what, a), bars, 1) == (
+          f"floor: layout: copy of the pair rows, A={a}", us)
+    assert plot.reference(floors.expert_major_op("dispatch FP8", a), bars, 1) == (
+        f"floor: layout: copy of the FP8 pairs, A={a}", us / 2)
+    assert plot.reference(floors.expert_major_op("dispatch BF16", a), bars, 8) is None
+  assert [plot.is_reference(b) for b in bars] == [
+      b.system == floors.SYSTEM for b in bars]
 
 
 def test_draw_takes_rows_without_times(tmp_path):

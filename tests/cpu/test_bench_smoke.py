@@ -10,6 +10,9 @@ import sys
 
 import pytest
 
+from jax_ep import expert_major
+from jax_ep.bench import floors, layouts, results
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--tokens", "16", "--hidden", "256", "--num_experts", "8", "--topk", "2",
         "--num_calls", "2", "--repeats", "1", "--warmup_calls", "2"]
@@ -86,19 +89,50 @@ def test_a_system_that_cannot_run_is_a_failed_row_and_the_status_says_so(tmp_pat
   assert len(failed_lines) == 2
 
 
+def _check_layout_rows(data, num_ranks):
+  """The --layouts rows of a run at TINY's sizes: every system's dispatch and
+  combine, the expert-major FP8 dispatch, and each expert-major row paired with
+  its floor (floors.FLOOR_OF: a copy of that alignment's M pair rows, in the same
+  run), its note giving its time over the floor's; none failed."""
+  rows = [r for r in data["rows"] if r["op"].startswith("layout: ")]
+  assert rows and not any(r["failed"] for r in rows), rows
+  by_op = {}
+  for r in rows:
+    by_op.setdefault(r["op"], []).append(r)
+  for op in (layouts.DISPATCH_OP, layouts.COMBINE_OP):
+    assert {r["system"] for r in by_op.pop(op)} == {"jax_ep token-major",
+                                                    "jax_ep token-major + jnp sort"}
+  experts_per_rank = 8 // num_ranks
+  for a in (1, 128):
+    m = expert_major.default_rows(num_ranks, 16, 2, experts_per_rank, a)
+    floor_rows = {}
+    for fp8 in (False, True):
+      (floor,) = by_op.pop(floors.pair_rows_floor(a, fp8))
+      assert floor["system"] == floors.SYSTEM
+      assert f"the {m} {'e4m3' if fp8 else 'bf16'} pair rows of A={a}" in floor["note"], floor
+      floor_rows[fp8] = floor
+    for what in ("dispatch BF16", "dispatch FP8", "combine BF16"):
+      op = floors.expert_major_op(what, a)
+      (row,) = by_op.pop(op)
+      assert row["system"] == f"jax_ep expert-major A={a}", row
+      floor = floor_rows[what.endswith("FP8")]
+      assert floors.FLOOR_OF[op] == floor["op"]
+      if row["us"] is not None and floor["us"] is not None:
+        assert (f"; {row['us'] / floor['us']:.2f}x its floor ({floor['op']}, "
+                f"{floor['us']:.1f} us)") in row["note"], row
+      else:
+        assert f"no ratio to its floor ({floor['op']})" in row["note"], row
+  assert not by_op, by_op  # nothing else
+  assert data["meta"]["expert_alignments"] == [1, 128]
+
+
 def test_bench_layout_rows(tmp_path):
-  """--layouts: dispatch and combine for the expert-major layout (A=1 and 128), the
-  token-major one and the token-major one plus the user's jnp sort, each timed, none
-  failed."""
+  """--layouts: dispatch and combine for the expert-major layout (A=1 and 128, and its
+  FP8 dispatch), the token-major one and the token-major one plus the user's jnp sort,
+  each timed, none failed; each expert-major row with its floor."""
   result, _, data = _bench(tmp_path, "--mode", "ht", "--layouts", "--nobaselines")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  rows = [r for r in data["rows"] if r["op"].startswith("layout: ")]
-  systems = {"jax_ep expert-major A=1", "jax_ep expert-major A=128", "jax_ep token-major",
-             "jax_ep token-major + jnp sort"}
-  for op in ("layout: HT dispatch BF16", "layout: HT combine BF16"):
-    assert {r["system"] for r in rows if r["op"] == op} == systems, rows
-  assert not any(r["failed"] for r in rows)
-  assert data["meta"]["expert_alignments"] == [1, 128]
+  _check_layout_rows(data, num_ranks=2)
 
 
 def test_ll_bench_without_baselines_times_only_jax_ep_and_the_floors(tmp_path):
@@ -116,8 +150,9 @@ def _times_are_positive_or_words(result, data):
     assert (r["us"] is not None and r["us"] > 0) or r["failed"] or r["below_noise"], r
     assert not (r["us"] is None and not r["failed"] and not r["below_noise"]), r
   table = result.stdout[result.stdout.index("us/call"):]
+  time_at = results.OP_COLUMN + results.SYSTEM_COLUMN  # where the us/call cell starts
   for line in table.splitlines()[1:]:
-    cells = line[60:70].strip() if len(line) > 60 else ""
+    cells = line[time_at:time_at + 10].strip() if len(line) > time_at else ""
     assert not cells.startswith("-"), line
 
 
@@ -127,11 +162,13 @@ def test_bench_in_one_process_on_8_cpu_devices(tmp_path, mode):
   tokens, the combines' inputs (one dispatch's process-wide result) go back to the
   ranks they came from, and no row fails (the combine rows used to fail: the
   dispatch's result was cut to the first rank's part). --plot writes the chart
-  of the ops against the bare exchange."""
+  of the ops against the bare exchange. ht also runs --layouts: the layout rows
+  and their floors on the 8 ranks' parts."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=8")
   out, png = tmp_path / "bench.json", tmp_path / "bench.png"
-  result = subprocess.run([sys.executable, "-m", "jax_ep.bench", "--mode", mode, *TINY,
+  extra = ["--layouts"] if mode == "ht" else []
+  result = subprocess.run([sys.executable, "-m", "jax_ep.bench", "--mode", mode, *extra, *TINY,
                            "--out", str(out), "--plot", str(png)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -145,3 +182,5 @@ def test_bench_in_one_process_on_8_cpu_devices(tmp_path, mode):
   pairs = data["meta"]["routing"]["pairs"]
   assert len(pairs) == 8 and sum(map(sum, pairs)) == 8 * 16 * 2, pairs
   _times_are_positive_or_words(result, data)
+  if mode == "ht":
+    _check_layout_rows(data, num_ranks=8)

@@ -518,29 +518,123 @@ def _expert_major_layer(config, alignment=8):
   return fn
 
 
-def test_expert_major_runs_on_the_kernels_plus_announced_local_passes(caplog):
-  """Until the kernels read and write pair rows: the token-major kernels, the
-  pairs placed by XLA gathers (no collective), float32 partials combined; said
-  once per op, also under fallback="error"."""
+def _operands(call: str) -> list[str]:
+  """The SSA operands of a call from _custom_calls (the status token left out)."""
+  return [o.strip() for o in re.search(r"@\w+\(([^)]*)\)", call).group(1).split(",")]
+
+
+def _result_name(call: str) -> str:
+  return re.match(r"\s*(%[\w#]+)(?::\d+)? = ", call).group(1)
+
+
+# The expert-major dispatch kernel's results at CONFIG, R = 2, A = 8: M = 2*8*4 + 8*7
+# = 120 pair rows, C = R*T = 16 staging rows; x, scales, pair_expert, pair_weight,
+# pair_src, num_pairs, tokens_per_expert, group_sizes, num_dropped, num_invalid,
+# recv_src, send_row, num_tokens, slot_row, rows_by_expert.
+def _expert_major_results(x_type="bf16", scales="tensor<120x0xf32>"):
+  return (f"-> (tensor<120x256x{x_type}>, {scales}, tensor<120xi32>, tensor<120xf32>, "
+          "tensor<120xi32>, tensor<i32>, tensor<8xi32>, tensor<8xi32>, tensor<i32>, tensor<i32>, "
+          "tensor<16xi32>, tensor<8x2xi32>, tensor<i32>, tensor<16x4xi32>, tensor<16x4xi32>)")
+
+
+@pytest.mark.parametrize("fallback", ["warn", "error"])
+def test_expert_major_layer_runs_on_the_expert_major_kernels(caplog, fallback):
+  """The kernels write and read the pair rows: the forward dispatch and combine,
+  the dispatch's row gradient (an expert-major combine of the rows' cotangent),
+  the combine's backward (the expert-major dispatch again, on the forward's
+  routing with zero weights) and the weight gradient (per-slot values of the
+  pair cotangents, then the token-major combine of those [C, K] values) are
+  jax_ep kernels; no XLA collective, no warning, also under fallback="error"."""
   from jax_ep.backends import cuda as cuda_backend  # pylint: disable=import-outside-toplevel
   cuda_backend._announced.clear()  # pylint: disable=protected-access
+  config = dataclasses.replace(CONFIG, fallback=fallback)
+  jax.clear_caches()
   with caplog.at_level(logging.WARNING):
-    for _ in range(2):
-      jax.clear_caches()
-      targets, text = _targets_and_text(_expert_major_layer(CONFIG), CONFIG)
-  assert sorted(targets) == ["jax_ep_ht_combine", "jax_ep_ht_combine", "jax_ep_ht_combine",
-                             "jax_ep_ht_dispatch", "jax_ep_ht_dispatch"], targets
+    targets, text = _targets_and_text(_expert_major_layer(config), config)
+  assert sorted(targets) == ["jax_ep_ht_combine", "jax_ep_ht_combine_expert_major",
+                             "jax_ep_ht_combine_expert_major", "jax_ep_ht_dispatch_expert_major",
+                             "jax_ep_ht_dispatch_expert_major", "jax_ep_ht_slot_values"], targets
   for word in ("all_to_all", "all_gather", "all_reduce", "jax_ep_cpu_"):
     assert word not in text, word
-  combines = [c for c in _custom_calls(text) if "@jax_ep_ht_combine" in c]
-  assert any("tensor<16x256xf32>" in c for c in combines), combines  # the fp32 partials
-  warnings = [r.getMessage() for r in caplog.records if "expert_major" in r.getMessage()
-              or "expert-major" in r.getMessage()]
-  assert len(warnings) == 3, warnings  # dispatch, combine, combine (backward): once each
-  assert all("layout='token_major'" in w for w in warnings), warnings
-  # fallback="error" refuses the portable exchange only: this path has none.
-  strict = dataclasses.replace(CONFIG, fallback="error")
-  assert sorted(_targets_and_text(_expert_major_layer(strict), strict)[0]) == sorted(targets)
+  assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+  calls = _custom_calls(text)
+  for call in calls:
+    assert "has_side_effect = true" in call and _attr(call, "num_ranks") == "2 : i64", call
+  dispatches = [c for c in calls if "@jax_ep_ht_dispatch_expert_major(" in c]
+  forward, backward = dispatches
+  for call in dispatches:
+    # x, no scales, topk_idx, topk_weights -> the pair rows and tables.
+    assert ("(tensor<8x256xbf16>, tensor<8x0xf32>, tensor<8x4xi32>, tensor<8x4xf32>) "
+            + _expert_major_results()) in call, call
+    assert _attr(call, "capacity") == "16 : i64"
+    assert _attr(call, "num_rows") == "120 : i64"
+    assert _attr(call, "alignment") == "8 : i64"
+  # Combine's backward: the forward's topk_idx operand (the handle's), the
+  # cotangent rows in x's place.
+  assert _operands(backward)[2] == _operands(forward)[2], (forward, backward)
+  assert _operands(backward)[0] != _operands(forward)[0]
+  made = _result_name(forward)
+  combines = [c for c in calls if "@jax_ep_ht_combine_expert_major(" in c]
+  for call in combines:  # y [M, H], rows_by_expert, recv_src, send_row, num_tokens
+    assert ("(tensor<120x256xbf16>, tensor<16x4xi32>, tensor<16xi32>, tensor<8x2xi32>, "
+            "tensor<i32>) -> tensor<8x256xbf16>") in call, call
+    assert _operands(call)[1:] == [f"{made}#14", f"{made}#10", f"{made}#11", f"{made}#12"], call
+    assert _attr(call, "capacity") == "16 : i64"
+  (slots,) = [c for c in calls if "@jax_ep_ht_slot_values(" in c]
+  assert "(tensor<120xf32>, tensor<16x4xi32>) -> tensor<16x4xf32>" in slots, slots
+  assert _operands(slots)[1] == f"{made}#13", slots
+  assert "capacity" not in slots
+  (weights,) = [c for c in calls if "@jax_ep_ht_combine(" in c]
+  assert _operands(weights) == [_result_name(slots), f"{made}#10", f"{made}#11", f"{made}#12"]
+  assert ("(tensor<16x4xf32>, tensor<16xi32>, tensor<8x2xi32>, tensor<i32>) -> "
+          "tensor<8x4xf32>") in weights, weights
+
+
+@pytest.mark.parametrize("scale_dtype", [None, jnp.float32, jnp.float8_e8m0fnu])
+def test_expert_major_dispatch_lowers_its_payloads_like_the_token_major_one(scale_dtype):
+  """bf16 rows, or FP8 rows with float32 or e8m0 scales: the scale operand is the
+  token-major dispatch's (zero columns without FP8; e8m0 padded to whole 4-byte
+  words), the pair rows keep x's dtype, and the scales come back cut to the
+  caller's columns."""
+  config = dataclasses.replace(CONFIG, fallback="error")
+
+  def fn(x, idx, w):
+    payload = x if scale_dtype is None else jax_ep.fp8.quantize(
+        x, round_scale=scale_dtype != jnp.float32, scale_dtype=scale_dtype)
+    d = jax_ep.dispatch(payload, idx, w, config=config, layout="expert_major",
+                        expert_alignment=8)
+    return d.x, d.scales if scale_dtype is not None else d.x[:, :0], d.group_sizes
+
+  text = _lower_for_cuda(fn, ((16, 256), jnp.bfloat16), ((16, 4), jnp.int32),
+                         ((16, 4), jnp.float32), config=config)
+  (call,) = _custom_calls(text)
+  assert _targets([call]) == ["jax_ep_ht_dispatch_expert_major"]
+  if scale_dtype is None:
+    operands, x_type, scales = "tensor<8x256xbf16>, tensor<8x0xf32>", "bf16", "tensor<120x0xf32>"
+  elif scale_dtype == jnp.float32:
+    operands = "tensor<8x256xf8E4M3FN>, tensor<8x2xf32>"
+    x_type, scales = "f8E4M3FN", "tensor<120x2xf32>"
+  else:
+    operands = "tensor<8x256xf8E4M3FN>, tensor<8x4xf8E8M0FNU>"
+    x_type, scales = "f8E4M3FN", "tensor<120x4xf8E8M0FNU>"
+    assert re.search(r"tensor<(1x)?120x2xf8E8M0FNU>", text.split("jax_ep_ht_dispatch_expert_major")
+                     [-1]), text[-2000:]
+  assert (f"({operands}, tensor<8x4xi32>, tensor<8x4xf32>) "
+          + _expert_major_results(x_type, scales)) in call, call
+  assert "all_to_all" not in text
+
+
+def test_expert_major_ops_the_kernels_cannot_run_take_the_portable_path():
+  """hidden not a multiple of 8: the expert-major dispatch and combine take the
+  portable path, announced (an error under fallback="error")."""
+  odd = jax_ep.EpConfig(num_experts=16, hidden=252, max_tokens_per_rank=8, num_topk=4,
+                        fallback="allow")
+  targets, text = _targets_and_text(_expert_major_layer(odd), odd)
+  assert not any("expert_major" in t or "slot_values" in t for t in targets), targets
+  assert "all_to_all" in text
+  strict = dataclasses.replace(odd, fallback="error")
+  with pytest.raises(jax_ep.EpConfigError, match="pad hidden"):
+    _targets_and_text(_expert_major_layer(strict), strict)
 
 
 # ------------------------------------------------------------------ LL weights at the dispatch

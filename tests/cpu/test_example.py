@@ -68,9 +68,11 @@ def test_moe_layer_example_under_the_launcher():
 @pytest.mark.parametrize("num_ranks", [1, 2, 4])
 def test_moe_layer_step_runs_on_the_ht_kernels_on_cuda(num_ranks):
   """The bf16 step of the example, lowered for the CUDA backend: dispatch, combine and
-  their backward passes all on the kernels, for R <= K and R = 4 > K = 2 alike:
-  dispatch (forward, combine's backward) and combine (forward, dispatch's backward of
-  the rows and of topk_weights), and no portable exchange (fallback="error")."""
+  their backward passes all on the kernels, for R <= K and R = 4 > K = 2 alike: the
+  expert-major dispatch (forward, combine's backward), the expert-major combine
+  (forward, dispatch's backward of the rows), and for dispatch's backward of
+  topk_weights the per-slot values and the token-major combine; no portable
+  exchange (fallback="error")."""
   mesh = jax.make_mesh((num_ranks,), ("ep",), devices=jax.devices()[:num_ranks])
   e, h, f, t, k = 4 * num_ranks, 128, 256, 64, 2
   config = jax_ep.EpConfig(num_experts=e, hidden=h, max_tokens_per_rank=t, num_topk=k,
@@ -88,7 +90,8 @@ def test_moe_layer_step_runs_on_the_ht_kernels_on_cuda(num_ranks):
     step = moe_layer.make_train_step(config, mesh, 0.1, alignment=8)
     text = step.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   calls = moe_layer.jax_ep_custom_calls(text)
-  assert calls == {"jax_ep_ht_dispatch": 2, "jax_ep_ht_combine": 3}, calls
+  assert calls == {"jax_ep_ht_dispatch_expert_major": 2, "jax_ep_ht_combine_expert_major": 2,
+                   "jax_ep_ht_slot_values": 1, "jax_ep_ht_combine": 1}, calls
   assert "all_to_all" not in text
   assert set(moe_layer.HT_KERNELS) <= set(cuda_backend.lowering_check_targets())
   # What jax_ep_custom_calls leaves out is the check the backend emits (and the

@@ -1,10 +1,14 @@
 """The expert-major HT layout on the kernels against the host oracle (run under jax_ep.launch).
 
-On CUDA the layout is the token-major kernels plus local XLA passes, announced
-once (a warning, also under the suite's fallback="error", which would refuse a
-portable exchange). Every comparison is bitwise:
-the pairs are bytes moved, the combine sums per rank in float32 in ascending
-local expert and those partials in rank order, like jax_ep.host_reference.
+On CUDA the kernels write and read the pair rows: the expert-major dispatch
+kernel places each (token, local expert) pair straight into its row (and runs
+again, on the forward's routing, for the combine's backward), the expert-major
+combine kernel sums a token's pair rows per rank, and the weight gradient takes
+the per-slot values kernel and the token-major combine; nothing is announced
+(the suite's fallback="error" refuses any portable exchange). Every comparison
+is bitwise: the pairs are bytes moved, the combine sums per rank in float32 in
+ascending local expert and those partials in rank order, like
+jax_ep.host_reference.
 """
 
 import jax
@@ -15,7 +19,7 @@ import pytest
 import jax_ep
 from jax_ep import host_reference as hr
 from gpu_testing import (BF16, F32, GRAD_ROUTINGS, assert_bitwise, dyadic_weights, grad_routing,
-                         mine, num_ranks, rng, rows, run, setup)
+                         mine, num_ranks, one_rank_routing, rng, rows, run, setup)
 
 SHAPES = [  # (E, K, T, T_local, H, A)
     (16, 4, 64, 48, 256, 1),
@@ -36,11 +40,26 @@ def _experts(e: int) -> int:
   return -(-max(e, r) // r) * r
 
 
+# Routings of the dispatch tests beyond gpu_testing.GRAD_ROUTINGS: every rank's
+# tokens on its own experts only (no row travels), and no expert at all (every
+# entry -1: M rows of padding, empty groups).
+OWN_RANK, NO_EXPERT = "all_to_own_rank", "no_expert"
+
+
+def _routing(routing_name, gen, t_local, k, e):
+  r = num_ranks()
+  if routing_name == OWN_RANK:
+    return np.stack([one_rank_routing(gen, (), t_local, k, e, r, owner) for owner in range(r)])
+  if routing_name == NO_EXPERT:
+    return np.full((r, t_local, k), -1, np.int32)
+  return grad_routing(routing_name, gen, (r,), t_local, k, e)
+
+
 def _inputs(seed, e, k, t_local, h, routing_name="random"):
   gen = rng(seed)
   r = num_ranks()
   x = rows(gen, (r, t_local, h))
-  idx = grad_routing(routing_name, gen, (r,), t_local, k, e)
+  idx = _routing(routing_name, gen, t_local, k, e)
   idx[:, 1, 0] = -7                                   # invalid: counted, never used
   # One expert named twice: one pair (on the routing's own ranks).
   idx[:, 2, 1] = idx[:, 2, 0] = np.arange(r) % e if routing_name == "random" else idx[:, 2, 0]
@@ -56,12 +75,21 @@ def _assert_dispatch(d, want: hr.ExpertMajorDispatch) -> None:
       assert_bitwise(getattr(d, name), expected, name)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-def test_expert_major_dispatch_and_combine_match_host_oracle(shape):
+# Every routing on the first shape, the random one on the others.
+CASES = ([(SHAPES[0], name) for name in GRAD_ROUTINGS + (OWN_RANK, NO_EXPERT)] +
+         [(shape, "random") for shape in SHAPES[1:]])
+
+
+@pytest.mark.parametrize("shape,routing_name", CASES)
+def test_expert_major_dispatch_and_combine_match_host_oracle(shape, routing_name):
+  """Random routing; every token on one rank's experts
+  (gpu_testing.GRAD_ROUTINGS: that rank receives every rank's pairs, its own
+  included, the others none); every rank's tokens on its own experts (nothing
+  travels); no expert at all (only padding rows)."""
   e, k, t, t_local, h, alignment = shape
   e = _experts(e)
   config, mesh = _setup(e, k, t, h)
-  gen, x, idx, w = _inputs(800 + e, e, k, t_local, h)
+  gen, x, idx, w = _inputs(800 + e, e, k, t_local, h, routing_name)
   m = hr.expert_major_rows(config, num_ranks(), alignment)
   y = rows(gen, (num_ranks(), m, h))                  # garbage on padding rows too
   kwargs = dict(config=config, layout="expert_major", expert_alignment=alignment)
