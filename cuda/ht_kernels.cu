@@ -113,10 +113,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <mutex>
 
-#include "cuda/bulk_copy.cuh"
 #include "cuda/device_common.cuh"
 #include "cuda/ht_launch.h"
 #include "cuda/ht_row_elements.cuh"
@@ -774,47 +771,19 @@ __device__ void zero_pair_padding(const HtContext& ctx, const HtDispatchArgs& ar
   }
 }
 
-// Each warp's shared staging slot for the pair rows' bulk stores: one batch
-// of 16 vectors per lane (8 KB).
-constexpr int kStageVectors = 16 * kWarpSize;
-constexpr size_t kStageBytes = kStageVectors * 16;
-
 // One batch of a row (vectors base + u*32 + lane, as warp_load_batch loaded
 // it) to each of the row's kept pair rows (lanes in `pairs` hold them in
-// pair_row): into the warp's staging slot once, then one bulk store per pair
-// row (bulk_copy.cuh), issued by lane 0. Without a slot (stage null: the send
-// plan left no room), plain stores from the registers.
+// pair_row): loaded once, stored once per pair row. (Bulk stores through a
+// shared staging slot were measured no faster: docs/benchmarks.md.)
 template <int kUnroll>
 __device__ __forceinline__ void store_to_pairs(const int4 (&batch)[kUnroll], int base,
-                                               int num_vec, int lane, int4* stage,
-                                               uint32_t pairs, int pair_row, char* out,
-                                               size_t row_stride) {
-  static_assert(kUnroll * kWarpSize <= kStageVectors, "a batch fits the staging slot");
-  if (stage == nullptr) {
-    for (uint32_t left = pairs; left != 0u; left &= left - 1u) {
-      const int at = __shfl_sync(0xffffffffu, pair_row, __ffs(left) - 1);
-      warp_store_batch(reinterpret_cast<int4*>(out + static_cast<size_t>(at) * row_stride),
-                       batch, base, num_vec, lane);
-    }
-    return;
-  }
-  if (lane == 0) bulk_wait_reads();  // the slot's last bulk stores have read it
-  __syncwarp();
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    if (base + u * kWarpSize + lane < num_vec) stage[u * kWarpSize + lane] = batch[u];
-  }
-  bulk_fence_shared();
-  __syncwarp();
-  const uint32_t bytes = static_cast<uint32_t>(min(kUnroll * kWarpSize, num_vec - base)) * 16u;
+                                               int num_vec, int lane, uint32_t pairs,
+                                               int pair_row, char* out, size_t row_stride) {
   for (uint32_t left = pairs; left != 0u; left &= left - 1u) {
     const int at = __shfl_sync(0xffffffffu, pair_row, __ffs(left) - 1);
-    if (lane == 0) {
-      bulk_store(out + static_cast<size_t>(at) * row_stride + static_cast<size_t>(base) * 16,
-                 stage, bytes);
-    }
+    warp_store_batch(reinterpret_cast<int4*>(out + static_cast<size_t>(at) * row_stride), batch,
+                     base, num_vec, lane);
   }
-  if (lane == 0) bulk_commit();
 }
 
 // A sender warp publishes its rows (one fence, then the counter adds) once it
@@ -847,7 +816,7 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
                                                    int send_block, int num_send_blocks,
                                                    int* s_tpe, const int* s_row_offset,
                                                    const uint8_t* s_mask, const int* s_tile_base,
-                                                   const PairSmem& pair, int4* stage) {
+                                                   const PairSmem& pair) {
   // Where rows for rank r go: r's recv_x, or this rank's XLA output for r == me.
   __shared__ char* s_dst_x[kHtMaxRanks];
   __shared__ size_t s_dst_stride[kHtMaxRanks];
@@ -943,7 +912,7 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
         const int row = __shfl_sync(0xffffffffu, my_row, r);
         if (row < 0) continue;
         if (kExpertMajor && r == d.rank) {
-          store_to_pairs(batch, base, num_vec, lane, stage, self_pairs, self_pair_row,
+          store_to_pairs(batch, base, num_vec, lane, self_pairs, self_pair_row,
                          static_cast<char*>(args.out_x), args.out_row_stride);
           continue;
         }
@@ -1044,7 +1013,7 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
                                                        const HtDispatchArgs& args, int recv_block,
                                                        int num_recv_blocks, int* s_tpe,
                                                        const int* s_prefix, int kept,
-                                                       const PairSmem& pair, int4* stage) {
+                                                       const PairSmem& pair) {
   __shared__ int s_item;
   uint64_t waited_ns = 0;
   const EpDims d = ctx.dims;
@@ -1124,7 +1093,7 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
         for (int base = 0; base < num_vec; base += 16 * kWarpSize) {
           int4 batch[16];
           warp_load_batch(batch, src, base, num_vec, lane, /*coherent=*/true);
-          store_to_pairs(batch, base, num_vec, lane, stage, pairs, pair_row,
+          store_to_pairs(batch, base, num_vec, lane, pairs, pair_row,
                          static_cast<char*>(args.out_x), args.out_row_stride);
         }
         if constexpr (kHasScales) {
@@ -1195,8 +1164,7 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
 // holds the pair placement (PairSmem) after the send plan, at `pair_offset`.
 template <bool kHasScales, bool kSingleRank, bool kExpertMajor>
 __global__ void __launch_bounds__(kThreads, 1)
-    ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks, int pair_offset,
-                int stage_offset) {
+    ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks, int pair_offset) {
   extern __shared__ __align__(16) uint8_t s_send_plan[];  // senders: dispatch_smem_bytes()
   __shared__ int s_prefix[kHtMaxRanks + 1];
   __shared__ int s_row_offset[kHtMaxRanks];
@@ -1221,11 +1189,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* s_mask = s_send_plan;
   int* s_tile_base = reinterpret_cast<int*>(s_send_plan + dispatch_mask_bytes(args.num_tokens));
   const PairSmem pair = pair_smem(s_send_plan + pair_offset, d.num_ranks, d.experts_per_rank);
-  // Expert-major: this warp's staging slot for bulk stores (none: stage_offset < 0).
-  int4* stage = kExpertMajor && stage_offset >= 0
-                    ? reinterpret_cast<int4*>(s_send_plan + stage_offset +
-                                              (threadIdx.x / kWarpSize) * kStageBytes)
-                    : nullptr;
   if (threadIdx.x == 0) s_invalid = 0;
   for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) s_tpe[e] = 0;
   // Expert-major: block 0 writes tokens_per_expert once the counts are in (place_groups).
@@ -1267,8 +1230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t waited_ns = 0;  // thread 0 of a receiver block (profiling)
   if (sender) {
     dispatch_send_role<kHasScales, kSingleRank, kExpertMajor>(
-        ctx, args, blockIdx.x, num_send_blocks, s_tpe, s_row_offset, s_mask, s_tile_base, pair,
-        stage);
+        ctx, args, blockIdx.x, num_send_blocks, s_tpe, s_row_offset, s_mask, s_tile_base, pair);
     __syncthreads();
     ht_profile_role_end(ctx, kProfDispatchSend);
   }
@@ -1277,16 +1239,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int recv_block = both_roles ? blockIdx.x : blockIdx.x - num_send_blocks;
     waited_ns = dispatch_recv_role<kHasScales, kExpertMajor>(ctx, args, recv_block,
                                                              num_recv_blocks, s_tpe, s_prefix,
-                                                             kept, pair, stage);
+                                                             kept, pair);
   } else {
     // Done sending: help copy out the last chunks (measured 9 us off the
     // BF16 dispatch's tail, 2026-11-30).
     dispatch_recv_role<kHasScales, kExpertMajor>(ctx, args, -1, num_recv_blocks, s_tpe, s_prefix,
-                                                 kept, pair, stage);
+                                                 kept, pair);
   }
-  // Every bulk store of this warp is done before the block ends (its slot is
-  // freed then) and before the epilogue declares the outputs written.
-  if (stage != nullptr && threadIdx.x % kWarpSize == 0) bulk_wait_all();
   __syncthreads();
   if (receiver) {
     ht_profile_wait(ctx, kProfDispatchRecv, waited_ns);
@@ -1574,26 +1533,9 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
                   : dispatch_smem_bytes(args.num_tokens, num_send_blocks * kWarps,
                                         ctx.dims.num_ranks);
   const size_t pair_offset = (plan_smem + 15) / 16 * 16;
-  const size_t pair_end =
+  const size_t smem =
       expert_major ? pair_offset + pair_smem_bytes(ctx.dims.num_ranks, ctx.dims.experts_per_rank)
                    : plan_smem;
-  // Expert-major: a bulk-store staging slot per warp where shared memory has
-  // room (it has up to about 64K tokens per rank); else the pair rows are
-  // stored from registers (the same bytes, slower: docs/benchmarks.md).
-  const size_t stage_offset = (pair_end + 127) / 128 * 128;
-  const bool staged = expert_major && stage_offset + kWarps * kStageBytes <= kDispatchMaxSmem;
-  const size_t smem = staged ? stage_offset + kWarps * kStageBytes : pair_end;
-  if (expert_major && !staged) {
-    static std::once_flag told;
-    std::call_once(told, [&] {
-      std::fprintf(stderr,
-                   "jax_ep.dispatch (expert-major): %d tokens per rank leave no shared memory "
-                   "for the pair rows' bulk stores, so they are stored from registers (about "
-                   "half the speed at EP1). Dispatch fewer tokens per call to keep them. This "
-                   "message is shown once.\n",
-                   args.num_tokens);
-    });
-  }
   if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.experts_per_rank > 1024 ||
       (single_rank && grid > kMaxHtBlocks) ||
       args.row_bytes % 16 != 0 || args.row_bytes > ctx.buffers.row_bytes ||
@@ -1602,15 +1544,14 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
       (expert_major && (args.pairs.alignment < 1 || args.capacity < ctx.dims.num_ranks * args.num_tokens))) {
     return cudaErrorInvalidValue;
   }
-  using Kernel = void (*)(HtContext, HtDispatchArgs, int, int, int);
+  using Kernel = void (*)(HtContext, HtDispatchArgs, int, int);
   static constexpr Kernel kKernels[2][2][2] = {  // [scales][single rank][expert-major]
       {{ht_dispatch<false, false, false>, ht_dispatch<false, false, true>},
        {ht_dispatch<false, true, false>, ht_dispatch<false, true, true>}},
       {{ht_dispatch<true, false, false>, ht_dispatch<true, false, true>},
        {ht_dispatch<true, true, false>, ht_dispatch<true, true, true>}}};
   const Kernel kernel = kKernels[args.scales != nullptr][single_rank][expert_major];
-  kernel<<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks, static_cast<int>(pair_offset),
-                                           staged ? static_cast<int>(stage_offset) : -1);
+  kernel<<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks, static_cast<int>(pair_offset));
   return cudaGetLastError();
 }
 

@@ -122,7 +122,6 @@ cudaError_t LaunchHtSlotValues(const float* values, const int32_t* slot_row, int
 
 cudaError_t PrepareHtKernels();
 cudaError_t PrepareHtPairPlan();
-cudaError_t PrepareHtPairCombine();
 
 }  // namespace jax_ep::cuda
 

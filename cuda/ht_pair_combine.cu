@@ -30,7 +30,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "cuda/bulk_copy.cuh"
 #include "cuda/device_common.cuh"
 #include "cuda/ht_launch.h"
 #include "cuda/ht_row_elements.cuh"
@@ -41,16 +40,12 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarpSize;
+// Per lane: kVec vectors of each of kGroup pair rows in flight (8 KB per
+// warp, 128 KB per SM, as the token-major combine keeps). Bulk loads into
+// shared memory instead were measured slower: docs/benchmarks.md.
+constexpr int kVec = 2;
+constexpr int kGroup = 8;
 constexpr int kMaxPerVector = 8;
-// A warp's pair rows come in by bulk loads (bulk_copy.cuh), a chunk of 32
-// vectors (one per lane) of up to kGroupRows rows per load round, two rounds
-// in flight (a stage each): 2 x 4 KB per warp, 128 KB per SM. An SM's own
-// loads reach about 40 GB/s of rows however many are in flight
-// (docs/benchmarks.md); bulk loads are not held to that.
-constexpr int kChunkVectors = kWarpSize;
-constexpr int kGroupRows = 8;
-constexpr size_t kStageBytes = kGroupRows * kChunkVectors * 16;
-constexpr size_t kPairSmemBytes = kWarps * 2 * kStageBytes;
 
 // Columns of one pass, in whole vectors of the row type.
 struct PairPass {
@@ -58,110 +53,44 @@ struct PairPass {
   int num_vectors;
 };
 
-// One warp's stream of float32 partials of one staging row's pairs, chunk by
-// chunk: chunk c's lane value is the partial of vector c*32 + lane of the
-// pass, 0.0f + y[p_0] + y[p_1] ... in pair order. Rounds (c, group) are
-// loaded one ahead; the stages' mbarriers and parities persist across rows.
+// The warp's float32 partial of one staging row's pairs, for vectors base +
+// u*32 + lane (u < kVec) of the pass: 0.0f + the pair rows in order. `pair_row`
+// is lane j's pair row j (j < num_pairs, warp-uniform).
 template <typename T>
-struct PairStream {
-  char* stage[2];
-  uint64_t* bar;        // [2]
-  uint32_t uses[2];     // completed loads per stage (its next phase's parity)
-  const char* y;
-  size_t row_stride;
-  PairPass pass;
-  uint64_t timeout_ns;
-  bool faulted;
-  // The current row:
-  int pair_row;         // lane j: pair row j
-  int num_pairs;
-  int num_groups;
-  int next_round;       // rounds issued
-  int round;            // rounds consumed
-  int num_rounds;
-
-  __device__ void begin(int row_of_lane, int pairs, int lane) {
-    pair_row = row_of_lane;
-    num_pairs = pairs;
-    num_groups = (pairs + kGroupRows - 1) / kGroupRows;
-    const int chunks = (pass.num_vectors + kChunkVectors - 1) / kChunkVectors;
-    num_rounds = num_groups * chunks;
-    next_round = round = 0;
-    if (num_rounds > 0) issue(lane);
+__device__ __forceinline__ void pair_partial(float (&acc)[kVec][kMaxPerVector], const char* y,
+                                             size_t row_stride, const PairPass& pass,
+                                             int pair_row, int num_pairs, int base, int lane) {
+  using E = RowElements<T>;
+#pragma unroll
+  for (int u = 0; u < kVec; ++u) {
+#pragma unroll
+    for (int j = 0; j < kMaxPerVector; ++j) acc[u][j] = 0.0f;
   }
-
-  // Lane 0 loads round next_round (chunk, group) into stage next_round & 1.
-  __device__ void issue(int lane) {
-    const int chunk = next_round / num_groups, group = next_round % num_groups;
-    const int rows = min(kGroupRows, num_pairs - group * kGroupRows);
-    const int vectors = min(kChunkVectors, pass.num_vectors - chunk * kChunkVectors);
-    const uint32_t bytes = static_cast<uint32_t>(vectors) * 16u;
-    const int s = next_round & 1;
-    int row_q[kGroupRows];
+  for (int group = 0; group < num_pairs; group += kGroup) {
+    int4 raw[kGroup][kVec];
 #pragma unroll
-    for (int q = 0; q < kGroupRows; ++q) {
-      row_q[q] = __shfl_sync(0xffffffffu, pair_row, min(group * kGroupRows + q, kWarpSize - 1));
-    }
-    if (lane == 0) {
-      bulk_fence_shared();  // the stage's last readers (a warp barrier ago) before the load
-      mbar_expect(bar + s, bytes * rows);
+    for (int q = 0; q < kGroup; ++q) {
+      const int row = __shfl_sync(0xffffffffu, pair_row, min(group + q, kWarpSize - 1));
+      if (group + q >= num_pairs) continue;
+      const int4* src = reinterpret_cast<const int4*>(y + static_cast<size_t>(row) * row_stride) +
+                        pass.first_vector;
 #pragma unroll
-      for (int q = 0; q < kGroupRows; ++q) {
-        if (q >= rows) continue;
-        bulk_load(stage[s] + q * kChunkVectors * 16,
-                  y + static_cast<size_t>(row_q[q]) * row_stride +
-                      static_cast<size_t>(pass.first_vector + chunk * kChunkVectors) * 16,
-                  bytes, bar + s);
+      for (int u = 0; u < kVec; ++u) {
+        const int v = base + u * kWarpSize + lane;
+        if (v < pass.num_vectors) raw[q][u] = ld_v4_no_alloc(src + v, /*coherent=*/false);
       }
     }
-    ++next_round;
-  }
-
-  // The next chunk's partial for this lane's vector (num_pairs == 0: zeros).
-  __device__ void next_chunk(float (&acc)[kMaxPerVector], int lane) {
-    using E = RowElements<T>;
 #pragma unroll
-    for (int j = 0; j < kMaxPerVector; ++j) acc[j] = 0.0f;
-    for (int group = 0; group < num_groups; ++group) {
-      if (next_round < num_rounds) issue(lane);
-      const int s = round & 1;
-      if (!mbar_wait(bar + s, uses[s] & 1u, timeout_ns)) faulted = true;
-      ++uses[s];
-      const int rows = min(kGroupRows, num_pairs - group * kGroupRows);
-      const int4* data = reinterpret_cast<const int4*>(stage[s]);
-      for (int q = 0; q < rows; ++q) {
-        const int4 v = data[q * kChunkVectors + lane];  // beyond the chunk's vectors: unused
+    for (int q = 0; q < kGroup; ++q) {
+      if (group + q >= num_pairs) continue;
 #pragma unroll
-        for (int j = 0; j < E::kPerVector; ++j) acc[j] += E::get(v, j);
+      for (int u = 0; u < kVec; ++u) {
+        if (base + u * kWarpSize + lane >= pass.num_vectors) continue;
+#pragma unroll
+        for (int j = 0; j < E::kPerVector; ++j) acc[u][j] += E::get(raw[q][u], j);
       }
-      __syncwarp();  // every lane read the stage before it is loaded again
-      ++round;
     }
   }
-};
-
-template <typename T>
-__device__ __forceinline__ PairStream<T> make_stream(uint8_t* smem, uint64_t* bars,
-                                                     const HtContext& ctx,
-                                                     const HtPairCombineArgs& args,
-                                                     const PairPass& pass) {
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  PairStream<T> st;
-  st.stage[0] = reinterpret_cast<char*>(smem) + warp * 2 * kStageBytes;
-  st.stage[1] = st.stage[0] + kStageBytes;
-  st.bar = bars + 2 * warp;
-  if (lane == 0) {
-    mbar_init(st.bar);
-    mbar_init(st.bar + 1);
-  }
-  __syncwarp();
-  st.uses[0] = st.uses[1] = 0;
-  st.y = static_cast<const char*>(args.y);
-  st.row_stride = static_cast<size_t>(args.num_columns) * sizeof(T);
-  st.pass = pass;
-  st.timeout_ns = ctx.timeout_ns;
-  st.faulted = false;
-  return st;
 }
 
 // Lane j < K: pair row j of staging row `row`; returns how many lead the list.
@@ -176,16 +105,14 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     ht_pair_combine_send(HtContext ctx, HtPairCombineArgs args, PairPass pass) {
   using E = RowElements<T>;
-  extern __shared__ __align__(128) uint8_t s_stages[];  // kPairSmemBytes
-  __shared__ uint64_t s_bars[2 * kWarps];
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_combine_seq) + 1;
   char* recv_base = ctx.buffers.combine_recv[seq & 1];
   uint64_t* flags = ctx.buffers.combine_flags[seq & 1];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const size_t row_stride = static_cast<size_t>(args.num_columns) * sizeof(T);
   const size_t buffer_row_bytes = static_cast<size_t>(d.hidden) * 2;
-  PairStream<T> stream = make_stream<T>(s_stages, s_bars, ctx, args, pass);
   const int valid = min(*args.num_tokens, args.capacity);  // -1 after a faulted dispatch
   for (int i = blockIdx.x * kWarps + warp; i < valid; i += gridDim.x * kWarps) {
     const int src = args.recv_src[i];
@@ -197,20 +124,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto* dst = reinterpret_cast<float4*>(
         static_cast<char*>(transport::peer_ptr(recv_base, s)) +
         (static_cast<size_t>(d.rank) * d.max_tokens + t) * buffer_row_bytes);
-    stream.begin(pair_row, num_pairs, lane);
-    for (int base = 0; base < pass.num_vectors; base += kChunkVectors) {
-      float acc[kMaxPerVector];
-      stream.next_chunk(acc, lane);
-      const int v = base + lane;
-      if (v >= pass.num_vectors) continue;
+    for (int base = 0; base < pass.num_vectors; base += kVec * kWarpSize) {
+      float acc[kVec][kMaxPerVector];
+      pair_partial<T>(acc, static_cast<const char*>(args.y), row_stride, pass, pair_row,
+                      num_pairs, base, lane);
 #pragma unroll
-      for (int h = 0; h < E::kPerVector / 4; ++h) {
-        dst[v * (E::kPerVector / 4) + h] =
-            make_float4(acc[4 * h], acc[4 * h + 1], acc[4 * h + 2], acc[4 * h + 3]);
+      for (int u = 0; u < kVec; ++u) {
+        const int v = base + u * kWarpSize + lane;
+        if (v >= pass.num_vectors) continue;
+#pragma unroll
+        for (int h = 0; h < E::kPerVector / 4; ++h) {
+          dst[v * (E::kPerVector / 4) + h] =
+              make_float4(acc[u][4 * h], acc[u][4 * h + 1], acc[u][4 * h + 2], acc[u][4 * h + 3]);
+        }
       }
     }
   }
-  if (stream.faulted) record_fault(ctx.status, kStatusTimeout, kOpHtCombine, d.rank, 0);
   if (arrive_is_last_block(&ctx.counters->ht_combine_send_done)) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
       transport::set_flag(flags + d.rank, make_flag(seq, 1), r, nullptr, 0);
@@ -222,8 +151,6 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     ht_pair_combine_recv(HtContext ctx, HtPairCombineArgs args, PairPass pass) {
   using E = RowElements<T>;
-  extern __shared__ __align__(128) uint8_t s_stages[];  // kPairSmemBytes
-  __shared__ uint64_t s_bars[2 * kWarps];
   __shared__ uint32_t s_lost;  // ranks whose partials never came (bits)
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
@@ -233,7 +160,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const size_t row_stride = static_cast<size_t>(args.num_columns) * sizeof(T);
   const size_t buffer_row_bytes = static_cast<size_t>(d.hidden) * 2;
-  PairStream<T> stream = make_stream<T>(s_stages, s_bars, ctx, args, pass);
   if (threadIdx.x == 0) s_lost = *args.num_tokens < 0 ? 0xffffffffu : 0u;
   __syncthreads();
   for (int r = threadIdx.x; R > 1 && r < R; r += blockDim.x) {
@@ -263,42 +189,55 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (own_row >= 0 && own_row < valid) {
       num_pairs = load_pair_rows(args.rows_by_expert, own_row, d.num_topk, lane, &pair_row);
     }
-    stream.begin(pair_row, num_pairs, lane);
-    for (int base = 0; base < pass.num_vectors; base += kChunkVectors) {
-      const int v = base + lane;
-      float total[kMaxPerVector];
+    for (int base = 0; base < pass.num_vectors; base += kVec * kWarpSize) {
+      float total[kVec][kMaxPerVector];
 #pragma unroll
-      for (int j = 0; j < kMaxPerVector; ++j) total[j] = 0.0f;
+      for (int u = 0; u < kVec; ++u) {
+#pragma unroll
+        for (int j = 0; j < kMaxPerVector; ++j) total[u][j] = 0.0f;
+      }
       for (int r = 0; r < R; ++r) {
         if (((holders >> r) & 1u) == 0u) continue;
-        float partial[kMaxPerVector];
+        float partial[kVec][kMaxPerVector];
         if (r == d.rank) {
-          stream.next_chunk(partial, lane);
-        } else if (v < pass.num_vectors) {
+          pair_partial<T>(partial, static_cast<const char*>(args.y), row_stride, pass, pair_row,
+                          num_pairs, base, lane);
+        } else {
           // Written by peer r's send kernel, published by its flag (acquired above).
-          const int4* src = reinterpret_cast<const int4*>(
+          const float4* src = reinterpret_cast<const float4*>(
               recv_base + (static_cast<size_t>(r) * d.max_tokens + t) * buffer_row_bytes);
 #pragma unroll
-          for (int h = 0; h < E::kPerVector / 4; ++h) {
-            const int4 raw = ld_v4_no_alloc(src + v * (E::kPerVector / 4) + h, true);
-            partial[4 * h] = __int_as_float(raw.x);
-            partial[4 * h + 1] = __int_as_float(raw.y);
-            partial[4 * h + 2] = __int_as_float(raw.z);
-            partial[4 * h + 3] = __int_as_float(raw.w);
+          for (int u = 0; u < kVec; ++u) {
+            const int v = base + u * kWarpSize + lane;
+            if (v >= pass.num_vectors) continue;
+#pragma unroll
+            for (int h = 0; h < E::kPerVector / 4; ++h) {
+              const int4 raw = ld_v4_no_alloc(
+                  reinterpret_cast<const int4*>(src + v * (E::kPerVector / 4) + h), true);
+              partial[u][4 * h] = __int_as_float(raw.x);
+              partial[u][4 * h + 1] = __int_as_float(raw.y);
+              partial[u][4 * h + 2] = __int_as_float(raw.z);
+              partial[u][4 * h + 3] = __int_as_float(raw.w);
+            }
           }
         }
-        if (v >= pass.num_vectors) continue;
 #pragma unroll
-        for (int j = 0; j < E::kPerVector; ++j) total[j] += partial[j];
+        for (int u = 0; u < kVec; ++u) {
+#pragma unroll
+          for (int j = 0; j < E::kPerVector; ++j) total[u][j] += partial[u][j];
+        }
       }
-      if (v >= pass.num_vectors) continue;
-      int4 packed;
 #pragma unroll
-      for (int j = 0; j < E::kPerVector; ++j) E::set(packed, j, total[j]);
-      st_na_v4(out_row + v, packed);
+      for (int u = 0; u < kVec; ++u) {
+        const int v = base + u * kWarpSize + lane;
+        if (v >= pass.num_vectors) continue;
+        int4 packed;
+#pragma unroll
+        for (int j = 0; j < E::kPerVector; ++j) E::set(packed, j, total[u][j]);
+        st_na_v4(out_row + v, packed);
+      }
     }
   }
-  if (stream.faulted) record_fault(ctx.status, kStatusTimeout, kOpHtCombine, d.rank, 0);
   if (runs_epilogue(&ctx.counters->ht_combine_recv_done, R == 1 && ctx.profile == nullptr)) {
     ctx.counters->ht_combine_seq = seq;
   }
@@ -318,9 +257,9 @@ cudaError_t LaunchPairPasses(const HtContext& ctx, const HtPairCombineArgs& args
   for (int first = 0; first < row_vectors; first += pass_vectors) {
     const PairPass pass{first, std::min(pass_vectors, row_vectors - first)};
     if (ctx.dims.num_ranks > 1) {
-      ht_pair_combine_send<T><<<grid, kThreads, kPairSmemBytes, stream>>>(ctx, args, pass);
+      ht_pair_combine_send<T><<<grid, kThreads, 0, stream>>>(ctx, args, pass);
     }
-    ht_pair_combine_recv<T><<<grid, kThreads, kPairSmemBytes, stream>>>(ctx, args, pass);
+    ht_pair_combine_recv<T><<<grid, kThreads, 0, stream>>>(ctx, args, pass);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
@@ -352,22 +291,6 @@ cudaError_t LaunchHtPairCombine(const HtContext& ctx, const HtPairCombineArgs& a
     case HtRowType::kF32: return LaunchPairPasses<float>(ctx, args, stream);
   }
   return cudaErrorInvalidValue;
-}
-
-cudaError_t PrepareHtPairCombine() {
-  cudaError_t err = cudaSuccess;
-  for (const void* kernel : {reinterpret_cast<const void*>(ht_pair_combine_send<__nv_bfloat16>),
-                             reinterpret_cast<const void*>(ht_pair_combine_recv<__nv_bfloat16>),
-                             reinterpret_cast<const void*>(ht_pair_combine_send<__half>),
-                             reinterpret_cast<const void*>(ht_pair_combine_recv<__half>),
-                             reinterpret_cast<const void*>(ht_pair_combine_send<float>),
-                             reinterpret_cast<const void*>(ht_pair_combine_recv<float>)}) {
-    if (err == cudaSuccess) {
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(kPairSmemBytes));
-    }
-  }
-  return err;
 }
 
 cudaError_t LaunchHtSlotValues(const float* values, const int32_t* slot_row, int num_slots,

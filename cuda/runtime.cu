@@ -243,7 +243,6 @@ std::string Runtime::Init(int pe, int npes, const std::string& uid, int device) 
   if (err == cudaSuccess) err = PrepareLlPresummedKernels();
   if (err == cudaSuccess) err = PrepareHtKernels();
   if (err == cudaSuccess) err = PrepareHtPairPlan();
-  if (err == cudaSuccess) err = PrepareHtPairCombine();
   if (err != cudaSuccess) return CudaError("loading the kernels", err);
   err = cudaDeviceSynchronize();
   if (err != cudaSuccess) return CudaError("cudaDeviceSynchronize", err);
