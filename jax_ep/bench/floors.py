@@ -81,9 +81,10 @@ def _tiny(routing: jax.Array) -> tuple[jax.Array]:
 
 def _copy(*arrays: jax.Array) -> tuple[jax.Array, ...]:
   """Each array + 1: every byte read once and written once. 1-byte floats
-  (float8) as their uint8 bytes: XLA's float8 add converts each element to a
-  wider float and back, which costs more than the bytes (2026-12-03, one H200:
-  the e4m3 pair rows' copy took as long as the bf16 ones, twice its bytes)."""
+  (float8) as their uint8 bytes, an integer add with no float conversion. On one
+  H200 (2026-12-03, docs/benchmarks.md) this copy of the e4m3 pair rows still
+  took as long as the bf16 copy of twice their bytes: a 1-byte elementwise pass
+  is not bound by HBM, so it is a weak floor for FP8 rows."""
   def one(a):
     if a.dtype.itemsize == 1 and jnp.issubdtype(a.dtype, jnp.floating):
       raw = jax.lax.bitcast_convert_type(a, jnp.uint8) + jnp.uint8(1)
