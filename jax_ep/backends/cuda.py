@@ -217,6 +217,27 @@ def _pad_scale_words(scales: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(padded, scales.dtype)
 
 
+def _cotangent_unsupported(payload: jax.Array, num_tokens: int, config: EpConfig,
+                           num_ranks: int) -> tuple[str, str] | None:
+  """(reason, fix) when a combine's backward cannot run its cotangent rows
+  [T_local, H] on the dispatch kernel, else None."""
+  if payload.ndim != 2 or payload.shape != (num_tokens, config.hidden):
+    return (f"cotangent rows of shape {payload.shape}", f"rows of [{num_tokens}, "
+            f"{config.hidden}]")
+  return ht_unsupported(config, num_ranks) or ht_payload_unsupported((payload,), config)
+
+
+def _combine_rows_unsupported(rows: jax.Array, config: EpConfig, num_ranks: int,
+                              rows_name: str) -> tuple[str, str] | None:
+  """(reason, fix) when the combine kernels cannot take these [rows_name, W] rows."""
+  why = ht_unsupported(config, num_ranks)
+  if why is None and (rows.ndim != 2
+                      or not any(rows.dtype == jnp.dtype(d) for d in HT_ROW_DTYPES)):
+    why = (f"rows of dtype {rows.dtype} and shape {rows.shape}", "combine bfloat16, float16 "
+           f"or float32 [{rows_name}, W] rows")
+  return why
+
+
 class CudaBackend(XlaBackend):
   """The kernels where they apply; the portable path, announced, elsewhere."""
 
@@ -278,14 +299,9 @@ class CudaBackend(XlaBackend):
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
     num_tokens = handle.send_row.shape[0]
-    op = "combine (backward)"
-    why = (ht_unsupported(config, num_ranks)
-           or ht_payload_unsupported((payload,), config))
-    if payload.ndim != 2 or payload.shape != (num_tokens, config.hidden):
-      why = (f"cotangent rows of shape {payload.shape}", f"rows of [{num_tokens}, "
-             f"{config.hidden}]")
+    why = _cotangent_unsupported(payload, num_tokens, config, num_ranks)
     if why is not None:
-      portable_fallback(op, config, *why)
+      portable_fallback("combine (backward)", config, *why)
       return super().ht_dispatch_cached(payload, handle)
     routing = cached_routing(handle.send_row, config)
     weights = jnp.zeros((num_tokens, config.num_topk), F32)
@@ -297,11 +313,7 @@ class CudaBackend(XlaBackend):
     to their sources, summed in fp32 in rank order -> [T_local, W]."""
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
-    why = ht_unsupported(config, num_ranks)
-    if why is None and (rows.ndim != 2
-                        or not any(rows.dtype == jnp.dtype(d) for d in HT_ROW_DTYPES)):
-      why = (f"rows of dtype {rows.dtype} and shape {rows.shape}", "combine bfloat16, float16 "
-             "or float32 [C, W] rows")
+    why = _combine_rows_unsupported(rows, config, num_ranks, "C")
     if why is not None:
       portable_fallback("combine", config, *why)
       return super().ht_combine(rows, handle)
@@ -385,14 +397,9 @@ class CudaBackend(XlaBackend):
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
     num_tokens = handle.topk_idx.shape[0]
-    op = "combine (backward)"
-    why = (ht_unsupported(config, num_ranks)
-           or ht_payload_unsupported((payload,), config))
-    if payload.ndim != 2 or payload.shape != (num_tokens, config.hidden):
-      why = (f"cotangent rows of shape {payload.shape}", f"rows of [{num_tokens}, "
-             f"{config.hidden}]")
+    why = _cotangent_unsupported(payload, num_tokens, config, num_ranks)
     if why is not None:
-      portable_fallback(op, config, *why)
+      portable_fallback("combine (backward)", config, *why)
       return super().ht_dispatch_cached_expert_major(payload, handle)
     weights = jnp.zeros((num_tokens, config.num_topk), F32)
     return self._ht_dispatch_expert_major_kernel(
@@ -403,11 +410,7 @@ class CudaBackend(XlaBackend):
     """[M, W] pair rows (bf16/f16/f32; hidden rows, or any width) -> [T_local, W]."""
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
-    why = ht_unsupported(config, num_ranks)
-    if why is None and (rows.ndim != 2
-                        or not any(rows.dtype == jnp.dtype(d) for d in HT_ROW_DTYPES)):
-      why = (f"rows of dtype {rows.dtype} and shape {rows.shape}", "combine bfloat16, float16 "
-             "or float32 [M, W] rows")
+    why = _combine_rows_unsupported(rows, config, num_ranks, "M")
     if why is not None:
       portable_fallback("combine", config, *why)
       return super().ht_combine_expert_major(rows, handle)

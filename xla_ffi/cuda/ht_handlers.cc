@@ -28,6 +28,7 @@
 #include "xla_ffi/cuda/ht_handlers.h"
 
 #include <algorithm>
+#include <string>
 
 #include "cuda/ht_launch.h"
 #include "xla_ffi/cuda/handler_common.h"
@@ -50,6 +51,85 @@ size_t RowBytes(const ffi::AnyBuffer& buffer) {
                           : 0;
 }
 
+// What both dispatch targets check of x: its type and [tokens <= T, H].
+ffi::Error CheckDispatchRows(const CallConfig& config, const ffi::AnyBuffer& x,
+                             const std::string& op) {
+  auto x_dims = x.dimensions();
+  const ffi::DataType x_type = x.element_type();
+  if (x_dims.size() != 2 || x_dims[1] != config.hidden || x_dims[0] > config.max_tokens ||
+      (x_type != ffi::DataType::F8E4M3FN && x_type != ffi::DataType::BF16 &&
+       x_type != ffi::DataType::F16 && x_type != ffi::DataType::F32)) {
+    return ffi::Error::InvalidArgument("jax_ep " + op + ": x must be bfloat16, float16, float32 "
+                                       "or float8_e4m3fn [tokens <= T, H], got " +
+                                       ShapeText(x_dims));
+  }
+  return ffi::Error::Success();
+}
+
+// Scale rows move as 4-byte words, in one pass (rows wider than the receive
+// buffers' rows, float32, take several; they carry no scales).
+ffi::Error CheckScaleRows(size_t scale_bytes, size_t row_bytes, size_t buffer_row_bytes,
+                          const std::string& op) {
+  if (scale_bytes % 4 != 0) {
+    return ffi::Error::InvalidArgument(
+        "jax_ep " + op + ": a scale row must be a whole number of 4-byte words, got " +
+        std::to_string(scale_bytes) + " bytes (jax_ep.dispatch pads float8_e8m0fnu scales)");
+  }
+  if (scale_bytes != 0 && row_bytes > buffer_row_bytes) {
+    return ffi::Error::InvalidArgument("jax_ep " + op + ": rows with scales must fit one pass");
+  }
+  return ffi::Error::Success();
+}
+
+// The operands and the results both dispatch targets share.
+cuda::HtDispatchArgs CommonDispatchArgs(
+    const ffi::AnyBuffer& x, const ffi::AnyBuffer& scales, const S32Matrix& topk_idx,
+    const F32Matrix& topk_weights, int64_t capacity, ffi::Result<ffi::AnyBuffer>& out_x,
+    ffi::Result<ffi::AnyBuffer>& out_scales, ffi::Result<S32Scalar>& num_tokens,
+    ffi::Result<S32Vector>& tokens_per_expert, ffi::Result<S32Scalar>& num_dropped,
+    ffi::Result<S32Scalar>& num_invalid, ffi::Result<S32Vector>& recv_src,
+    ffi::Result<S32Matrix>& send_row) {
+  const size_t row_bytes = RowBytes(x);
+  const size_t scale_bytes = RowBytes(scales);
+  cuda::HtDispatchArgs args{};
+  args.x = x.untyped_data();
+  args.scales = scale_bytes ? scales.untyped_data() : nullptr;
+  args.topk_idx = topk_idx.typed_data();
+  args.topk_weights = topk_weights.typed_data();
+  args.num_tokens = static_cast<int>(x.dimensions()[0]);
+  args.capacity = static_cast<int>(capacity);
+  args.x_row_stride = row_bytes;
+  args.out_row_stride = row_bytes;
+  args.scale_bytes = scale_bytes;
+  args.out_x = out_x->untyped_data();
+  args.out_scales = scale_bytes ? out_scales->untyped_data() : nullptr;
+  args.out_num_tokens = num_tokens->typed_data();
+  args.out_tokens_per_expert = tokens_per_expert->typed_data();
+  args.out_num_dropped = num_dropped->typed_data();
+  args.out_num_invalid = num_invalid->typed_data();
+  args.out_recv_src = recv_src->typed_data();
+  args.out_send_row = send_row->typed_data();
+  return args;
+}
+
+// Rows wider than the receive buffers' rows (float32) move in several
+// launches, one per column range; each launch also rewrites the routing
+// outputs, with the same values. The receive rows are the allocation's (at
+// least this call's H wide when several configs share the buffers).
+cudaError_t LaunchDispatchPasses(const CallRuntime& call, const cuda::HtDispatchArgs& args,
+                                 size_t buffer_row_bytes, cudaStream_t stream) {
+  const size_t row_bytes = args.x_row_stride;
+  cudaError_t err = cudaSuccess;
+  for (size_t offset = 0; offset < row_bytes && err == cudaSuccess; offset += buffer_row_bytes) {
+    cuda::HtDispatchArgs pass = args;
+    pass.x = static_cast<const char*>(args.x) + offset;
+    pass.out_x = static_cast<char*>(args.out_x) + offset;
+    pass.row_bytes = std::min(buffer_row_bytes, row_bytes - offset);
+    err = cuda::LaunchHtDispatch(call.ht, pass, stream);
+  }
+  return err;
+}
+
 ffi::Error HtDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config,
                           int64_t capacity, ffi::AnyBuffer x, ffi::AnyBuffer scales,
                           S32Matrix topk_idx, F32Matrix topk_weights,
@@ -62,16 +142,8 @@ ffi::Error HtDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config
   auto runtime_or = RuntimeFor(kDispatch, config, device, false, /*need_high_throughput=*/true);
   if (runtime_or.has_error()) return runtime_or.error();
   const CallRuntime& call = *runtime_or;  // the kernel runs with call.ht (this call's dims)
-  auto x_dims = x.dimensions();
-  const ffi::DataType x_type = x.element_type();
-  if (x_dims.size() != 2 || x_dims[1] != config.hidden || x_dims[0] > config.max_tokens ||
-      (x_type != ffi::DataType::F8E4M3FN && x_type != ffi::DataType::BF16 &&
-       x_type != ffi::DataType::F16 && x_type != ffi::DataType::F32)) {
-    return ffi::Error::InvalidArgument("jax_ep dispatch: x must be bfloat16, float16, float32 "
-                                       "or float8_e4m3fn [tokens <= T, H], got " +
-                                       ShapeText(x_dims));
-  }
-  const int64_t tokens = x_dims[0];
+  if (auto err = CheckDispatchRows(config, x, kDispatch); err.failure()) return err;
+  const int64_t tokens = x.dimensions()[0];
   const size_t scale_bytes = RowBytes(scales);
   if (topk_idx.dimensions()[0] != tokens || topk_idx.dimensions()[1] != config.num_topk ||
       topk_weights.dimensions()[0] != tokens || scales.dimensions()[0] != tokens ||
@@ -81,48 +153,18 @@ ffi::Error HtDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config
       capacity > config.num_ranks * config.max_tokens) {
     return ffi::Error::InvalidArgument("jax_ep dispatch: operand/result shapes do not match");
   }
-  // Rows wider than the receive buffers' rows (float32) move in several
-  // launches, one per column range; each launch also rewrites the routing
-  // outputs, with the same values. The receive rows are the allocation's (at
-  // least this call's H wide when several configs share the buffers).
-  const size_t row_bytes = RowBytes(x);
   const size_t buffer_row_bytes = call.runtime->layout().ht_row_bytes / 16 * 16;
-  if (scale_bytes % 4 != 0) {  // the kernel moves scale rows as 4-byte words
-    return ffi::Error::InvalidArgument(
-        "jax_ep dispatch: a scale row must be a whole number of 4-byte words, got " +
-        std::to_string(scale_bytes) + " bytes (jax_ep.dispatch pads float8_e8m0fnu scales)");
+  if (auto err = CheckScaleRows(scale_bytes, RowBytes(x), buffer_row_bytes, kDispatch);
+      err.failure()) {
+    return err;
   }
-  if (scale_bytes != 0 && row_bytes > buffer_row_bytes) {
-    return ffi::Error::InvalidArgument("jax_ep dispatch: rows with scales must fit one pass");
-  }
-  cuda::HtDispatchArgs args{};
-  args.x = x.untyped_data();
-  args.scales = scale_bytes ? scales.untyped_data() : nullptr;
-  args.topk_idx = topk_idx.typed_data();
-  args.topk_weights = topk_weights.typed_data();
-  args.num_tokens = static_cast<int>(tokens);
-  args.capacity = static_cast<int>(capacity);
-  args.x_row_stride = row_bytes;
-  args.out_row_stride = row_bytes;
-  args.scale_bytes = scale_bytes;
-  args.out_x = out_x->untyped_data();
-  args.out_scales = scale_bytes ? out_scales->untyped_data() : nullptr;
+  cuda::HtDispatchArgs args =
+      CommonDispatchArgs(x, scales, topk_idx, topk_weights, capacity, out_x, out_scales,
+                         num_tokens, tokens_per_expert, num_dropped, num_invalid, recv_src,
+                         send_row);
   args.out_idx = out_idx->typed_data();
   args.out_w = out_w->typed_data();
-  args.out_num_tokens = num_tokens->typed_data();
-  args.out_tokens_per_expert = tokens_per_expert->typed_data();
-  args.out_num_dropped = num_dropped->typed_data();
-  args.out_num_invalid = num_invalid->typed_data();
-  args.out_recv_src = recv_src->typed_data();
-  args.out_send_row = send_row->typed_data();
-  cudaError_t err = cudaSuccess;
-  for (size_t offset = 0; offset < row_bytes && err == cudaSuccess; offset += buffer_row_bytes) {
-    cuda::HtDispatchArgs pass = args;
-    pass.x = static_cast<const char*>(args.x) + offset;
-    pass.out_x = static_cast<char*>(args.out_x) + offset;
-    pass.row_bytes = std::min(buffer_row_bytes, row_bytes - offset);
-    err = cuda::LaunchHtDispatch(call.ht, pass, stream);
-  }
+  const cudaError_t err = LaunchDispatchPasses(call, args, buffer_row_bytes, stream);
   if (err == cudaErrorInvalidValue) {
     return ffi::Error::InvalidArgument(
         "jax_ep dispatch: the HT kernels need R <= 8, E_local <= 1024, K <= 32 and rows that are "
@@ -143,19 +185,12 @@ ffi::Error HtDispatchExpertMajorImpl(
     ffi::Result<S32Matrix> send_row, ffi::Result<S32Scalar> num_tokens,
     ffi::Result<S32Matrix> slot_row, ffi::Result<S32Matrix> rows_by_expert,
     StatusToken /*status_token*/) {
+  const std::string op = "dispatch (expert-major)";
   auto runtime_or = RuntimeFor(kDispatch, config, device, false, /*need_high_throughput=*/true);
   if (runtime_or.has_error()) return runtime_or.error();
   const CallRuntime& call = *runtime_or;
-  auto x_dims = x.dimensions();
-  const ffi::DataType x_type = x.element_type();
-  if (x_dims.size() != 2 || x_dims[1] != config.hidden || x_dims[0] > config.max_tokens ||
-      (x_type != ffi::DataType::F8E4M3FN && x_type != ffi::DataType::BF16 &&
-       x_type != ffi::DataType::F16 && x_type != ffi::DataType::F32)) {
-    return ffi::Error::InvalidArgument("jax_ep dispatch (expert-major): x must be bfloat16, "
-                                       "float16, float32 or float8_e4m3fn [tokens <= T, H], got " +
-                                       ShapeText(x_dims));
-  }
-  const int64_t tokens = x_dims[0];
+  if (auto err = CheckDispatchRows(config, x, op); err.failure()) return err;
+  const int64_t tokens = x.dimensions()[0];
   const size_t scale_bytes = RowBytes(scales);
   const int64_t K = config.num_topk;
   if (topk_idx.dimensions()[0] != tokens || topk_idx.dimensions()[1] != K ||
@@ -177,35 +212,14 @@ ffi::Error HtDispatchExpertMajorImpl(
         "jax_ep dispatch (expert-major): num_rows must be a positive multiple of alignment, got " +
         std::to_string(num_rows) + " rows, alignment " + std::to_string(alignment));
   }
-  const size_t row_bytes = RowBytes(x);
   const size_t buffer_row_bytes = call.runtime->layout().ht_row_bytes / 16 * 16;
-  if (scale_bytes % 4 != 0) {
-    return ffi::Error::InvalidArgument(
-        "jax_ep dispatch (expert-major): a scale row must be a whole number of 4-byte words, got " +
-        std::to_string(scale_bytes) + " bytes (jax_ep.dispatch pads float8_e8m0fnu scales)");
+  if (auto err = CheckScaleRows(scale_bytes, RowBytes(x), buffer_row_bytes, op); err.failure()) {
+    return err;
   }
-  if (scale_bytes != 0 && row_bytes > buffer_row_bytes) {
-    return ffi::Error::InvalidArgument(
-        "jax_ep dispatch (expert-major): rows with scales must fit one pass");
-  }
-  cuda::HtDispatchArgs args{};
-  args.x = x.untyped_data();
-  args.scales = scale_bytes ? scales.untyped_data() : nullptr;
-  args.topk_idx = topk_idx.typed_data();
-  args.topk_weights = topk_weights.typed_data();
-  args.num_tokens = static_cast<int>(tokens);
-  args.capacity = static_cast<int>(capacity);
-  args.x_row_stride = row_bytes;
-  args.out_row_stride = row_bytes;
-  args.scale_bytes = scale_bytes;
-  args.out_x = out_x->untyped_data();
-  args.out_scales = scale_bytes ? out_scales->untyped_data() : nullptr;
-  args.out_num_tokens = num_tokens->typed_data();
-  args.out_tokens_per_expert = tokens_per_expert->typed_data();
-  args.out_num_dropped = num_dropped->typed_data();
-  args.out_num_invalid = num_invalid->typed_data();
-  args.out_recv_src = recv_src->typed_data();
-  args.out_send_row = send_row->typed_data();
+  cuda::HtDispatchArgs args =
+      CommonDispatchArgs(x, scales, topk_idx, topk_weights, capacity, out_x, out_scales,
+                         num_tokens, tokens_per_expert, num_dropped, num_invalid, recv_src,
+                         send_row);
   args.pairs.num_rows = static_cast<int>(num_rows);
   args.pairs.alignment = static_cast<int>(alignment);
   args.pairs.out_pair_expert = pair_expert->typed_data();
@@ -216,13 +230,7 @@ ffi::Error HtDispatchExpertMajorImpl(
   args.pairs.out_slot_row = slot_row->typed_data();
   args.pairs.out_rows_by_expert = rows_by_expert->typed_data();
   cudaError_t err = cuda::LaunchHtPairPlan(call.ht, args.topk_idx, args.num_tokens, stream);
-  for (size_t offset = 0; offset < row_bytes && err == cudaSuccess; offset += buffer_row_bytes) {
-    cuda::HtDispatchArgs pass = args;  // each pass rewrites the routing outputs, the same values
-    pass.x = static_cast<const char*>(args.x) + offset;
-    pass.out_x = static_cast<char*>(args.out_x) + offset;
-    pass.row_bytes = std::min(buffer_row_bytes, row_bytes - offset);
-    err = cuda::LaunchHtDispatch(call.ht, pass, stream);
-  }
+  if (err == cudaSuccess) err = LaunchDispatchPasses(call, args, buffer_row_bytes, stream);
   if (err == cudaErrorInvalidValue) {
     return ffi::Error::InvalidArgument(
         "jax_ep dispatch (expert-major): the HT kernels need R <= 8, E_local <= 1024, K <= 32, "
