@@ -115,6 +115,7 @@
 #include <cstdint>
 
 #include "cuda/device_common.cuh"
+#include "cuda/ht_combine_common.cuh"
 #include "cuda/ht_launch.h"
 #include "cuda/ht_row_elements.cuh"
 #include "cuda/transport.cuh"
@@ -786,6 +787,20 @@ __device__ __forceinline__ void store_to_pairs(const int4 (&batch)[kUnroll], int
   }
 }
 
+// A row's scales (held as store_scale_words takes them) to each of its kept
+// pair rows, as store_to_pairs does the row.
+__device__ __forceinline__ void store_scales_to_pairs(const HtDispatchArgs& args,
+                                                      const uint32_t (&words)[kScaleWordsPerLane],
+                                                      const uint32_t* src, int num_words,
+                                                      uint32_t pairs, int pair_row, int lane) {
+  for (uint32_t left = pairs; left != 0u; left &= left - 1u) {
+    const int at = __shfl_sync(0xffffffffu, pair_row, __ffs(left) - 1);
+    store_scale_words(reinterpret_cast<uint32_t*>(static_cast<char*>(args.out_scales) +
+                                                  static_cast<size_t>(at) * args.scale_bytes),
+                      words, src, num_words, lane);
+  }
+}
+
 // A sender warp publishes its rows (one fence, then the counter adds) once it
 // has stored about kPublishBytes of rows since the last publication, and after
 // its last token: at most kMaxHeldTokens + 1 tokens. Measured on 2x H200
@@ -927,13 +942,8 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
       const bool self = r == d.rank;
       if constexpr (kHasScales) {
         if (kExpertMajor && self) {
-          for (uint32_t left = self_pairs; left != 0u; left &= left - 1u) {
-            const int pair_row = __shfl_sync(0xffffffffu, self_pair_row, __ffs(left) - 1);
-            store_scale_words(
-                reinterpret_cast<uint32_t*>(static_cast<char*>(args.out_scales) +
-                                            static_cast<size_t>(pair_row) * args.scale_bytes),
-                scales, src_scales, scale_words, lane);
-          }
+          store_scales_to_pairs(args, scales, src_scales, scale_words, self_pairs, self_pair_row,
+                                lane);
         } else {
           void* dst_scales = self ? args.out_scales : transport::peer_ptr(b.recv_scales, r);
           store_scale_words(reinterpret_cast<uint32_t*>(static_cast<char*>(dst_scales) +
@@ -1099,12 +1109,8 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
         if constexpr (kHasScales) {
           const uint32_t* in_scales = reinterpret_cast<const uint32_t*>(b.recv_scales) +
                                       static_cast<size_t>(row) * scale_words;
-          for (uint32_t left = pairs; left != 0u; left &= left - 1u) {
-            const int at = __shfl_sync(0xffffffffu, pair_row, __ffs(left) - 1);
-            store_scale_words(reinterpret_cast<uint32_t*>(static_cast<char*>(args.out_scales) +
-                                                          static_cast<size_t>(at) * args.scale_bytes),
-                              meta_scales[j], in_scales, scale_words, lane);
-          }
+          store_scales_to_pairs(args, meta_scales[j], in_scales, scale_words, pairs, pair_row,
+                                lane);
         }
         if (lane == 0) args.out_recv_src[row] = s * args.num_tokens + meta_src[j];
         continue;
@@ -1138,24 +1144,26 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
   if constexpr (kExpertMajor) {
     zero_pair_padding<kHasScales>(ctx, args, pair, kept, recv_block * kWarps + warp,
                                   num_recv_blocks * kWarps, lane);
-    return waited_ns;
-  }
-  // Padding rows [kept, capacity).
-  for (int row = kept + recv_block * kWarps + warp; row < args.capacity;
-       row += num_recv_blocks * kWarps) {
-    int4* dst = reinterpret_cast<int4*>(static_cast<char*>(args.out_x) +
-                                        static_cast<size_t>(row) * args.out_row_stride);
-    for (int v = lane; v < num_vec; v += kWarpSize) dst[v] = make_int4(0, 0, 0, 0);
-    if constexpr (kHasScales) {
-      auto* scales = reinterpret_cast<uint32_t*>(static_cast<char*>(args.out_scales) +
-                                                 static_cast<size_t>(row) * args.scale_bytes);
-      for (int i = lane; i < static_cast<int>(args.scale_bytes / 4); i += kWarpSize) scales[i] = 0u;
+  } else {
+    // Padding rows [kept, capacity).
+    for (int row = kept + recv_block * kWarps + warp; row < args.capacity;
+         row += num_recv_blocks * kWarps) {
+      int4* dst = reinterpret_cast<int4*>(static_cast<char*>(args.out_x) +
+                                          static_cast<size_t>(row) * args.out_row_stride);
+      for (int v = lane; v < num_vec; v += kWarpSize) dst[v] = make_int4(0, 0, 0, 0);
+      if constexpr (kHasScales) {
+        auto* scales = reinterpret_cast<uint32_t*>(static_cast<char*>(args.out_scales) +
+                                                   static_cast<size_t>(row) * args.scale_bytes);
+        for (int i = lane; i < static_cast<int>(args.scale_bytes / 4); i += kWarpSize) {
+          scales[i] = 0u;
+        }
+      }
+      if (lane < d.num_topk) {
+        args.out_idx[row * d.num_topk + lane] = -1;
+        args.out_w[row * d.num_topk + lane] = 0.0f;
+      }
+      if (lane == 0) args.out_recv_src[row] = -1;
     }
-    if (lane < d.num_topk) {
-      args.out_idx[row * d.num_topk + lane] = -1;
-      args.out_w[row * d.num_topk + lane] = 0.0f;
-    }
-    if (lane == 0) args.out_recv_src[row] = -1;
   }
   return waited_ns;
 }
@@ -1363,7 +1371,6 @@ template <typename T, int kSources>
 __global__ void __launch_bounds__(kThreads, 1)
     ht_combine_recv(HtContext ctx, HtCombineArgs args, CombinePass pass) {
   using E = RowElements<T>;
-  __shared__ uint32_t s_lost;  // ranks whose rows never came (bits)
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_combine_seq) + 1;
@@ -1378,20 +1385,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   int next_row = lane < R && first_token < args.num_local_tokens
                      ? args.send_row[first_token * R + lane]
                      : -1;
-  if (threadIdx.x == 0) s_lost = *args.num_tokens < 0 ? 0xffffffffu : 0u;
-  __syncthreads();
-  for (int r = threadIdx.x; kSources != 1 && r < R; r += blockDim.x) {
-    if (wait_flag(flags + r, seq, ctx.timeout_ns, ctx.status, kOpHtCombine, r, 0) ==
-        kFlagTimedOut) {
-      atomicOr(&s_lost, 1u << r);
-    }
-  }
-  __syncthreads();
+  const uint32_t lost =
+      combine_lost_ranks(ctx, flags, seq, args.num_tokens, /*wait_peers=*/kSources != 1);
   if (ctx.profile != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     ht_profile_wait(ctx, kProfCombineRecv,
                     global_timer_ns() - ctx.profile->start[kProfCombineRecv]);
   }
-  const uint32_t lost = s_lost;
   const int num_vec = static_cast<int>(pass.bytes / 16);
   const int valid = min(*args.num_tokens, args.capacity);
   // One warp per token; kBatch independent 16-byte loads per lane and source
@@ -1406,11 +1405,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                             static_cast<size_t>(t) * pass.row_stride +
                                             pass.offset);
     const uint32_t needed = __ballot_sync(0xffffffffu, my_row >= 0);
-    if ((needed & lost) != 0u) {  // void: must not look valid
-      int4 nan;
-#pragma unroll
-      for (int j = 0; j < E::kPerVector; ++j) E::set(nan, j, __int_as_float(0x7fc00000));
-      for (int v = lane; v < num_vec; v += kWarpSize) out_row[v] = nan;
+    if ((needed & lost) != 0u) {
+      store_nan_row<T>(out_row, num_vec, lane);
       continue;
     }
     if constexpr (kSources == 1) {
@@ -1541,7 +1537,8 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
       args.row_bytes % 16 != 0 || args.row_bytes > ctx.buffers.row_bytes ||
       ctx.dims.num_topk > kWarpSize || args.num_tokens > kHtMaxTokens ||
       smem > kDispatchMaxSmem ||
-      (expert_major && (args.pairs.alignment < 1 || args.capacity < ctx.dims.num_ranks * args.num_tokens))) {
+      (expert_major &&
+       (args.pairs.alignment < 1 || args.capacity < ctx.dims.num_ranks * args.num_tokens))) {
     return cudaErrorInvalidValue;
   }
   using Kernel = void (*)(HtContext, HtDispatchArgs, int, int);
@@ -1551,7 +1548,8 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
       {{ht_dispatch<true, false, false>, ht_dispatch<true, false, true>},
        {ht_dispatch<true, true, false>, ht_dispatch<true, true, true>}}};
   const Kernel kernel = kKernels[args.scales != nullptr][single_rank][expert_major];
-  kernel<<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks, static_cast<int>(pair_offset));
+  kernel<<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks,
+                                           static_cast<int>(pair_offset));
   return cudaGetLastError();
 }
 

@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "cuda/device_common.cuh"
+#include "cuda/ht_combine_common.cuh"
 #include "cuda/ht_launch.h"
 #include "cuda/ht_row_elements.cuh"
 #include "cuda/transport.cuh"
@@ -151,7 +152,6 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     ht_pair_combine_recv(HtContext ctx, HtPairCombineArgs args, PairPass pass) {
   using E = RowElements<T>;
-  __shared__ uint32_t s_lost;  // ranks whose partials never came (bits)
   const EpDims d = ctx.dims;
   const int R = d.num_ranks;
   const uint32_t seq = ld_volatile_u32(&ctx.counters->ht_combine_seq) + 1;
@@ -160,16 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const size_t row_stride = static_cast<size_t>(args.num_columns) * sizeof(T);
   const size_t buffer_row_bytes = static_cast<size_t>(d.hidden) * 2;
-  if (threadIdx.x == 0) s_lost = *args.num_tokens < 0 ? 0xffffffffu : 0u;
-  __syncthreads();
-  for (int r = threadIdx.x; R > 1 && r < R; r += blockDim.x) {
-    if (wait_flag(flags + r, seq, ctx.timeout_ns, ctx.status, kOpHtCombine, r, 0) ==
-        kFlagTimedOut) {
-      atomicOr(&s_lost, 1u << r);
-    }
-  }
-  __syncthreads();
-  const uint32_t lost = s_lost;
+  const uint32_t lost = combine_lost_ranks(ctx, flags, seq, args.num_tokens, /*wait_peers=*/R > 1);
   const int valid = min(*args.num_tokens, args.capacity);
   for (int t = blockIdx.x * kWarps + warp; t < args.num_local_tokens; t += gridDim.x * kWarps) {
     const int rank_row = lane < R ? args.send_row[static_cast<size_t>(t) * R + lane] : -1;
@@ -177,11 +168,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     int4* out_row = reinterpret_cast<int4*>(static_cast<char*>(args.out) +
                                             static_cast<size_t>(t) * row_stride) +
                     pass.first_vector;
-    if ((holders & lost) != 0u) {  // void: must not look valid
-      int4 nan;
-#pragma unroll
-      for (int j = 0; j < E::kPerVector; ++j) E::set(nan, j, __int_as_float(0x7fc00000));
-      for (int v = lane; v < pass.num_vectors; v += kWarpSize) out_row[v] = nan;
+    if ((holders & lost) != 0u) {
+      store_nan_row<T>(out_row, pass.num_vectors, lane);
       continue;
     }
     const int own_row = __shfl_sync(0xffffffffu, rank_row, d.rank);
