@@ -842,11 +842,13 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   const int num_vec = static_cast<int>(args.row_bytes / 16);
   const int scale_words = kHasScales ? static_cast<int>(args.scale_bytes / 4) : 0;
   const ExpertRank rank_of(d.experts_per_rank);
-  // 16-byte vectors per lane per load batch (16 was measured no faster for
-  // BF16 and slower for FP8 on 2x H200, 2026-11-30, docs/benchmarks.md).
-  // FP8 rows (7 KB at hidden 7168) fit one batch of 16 anyway, and at 16
-  // the scales' registers spill.
-  constexpr int kUnroll = kSingleRank && !kHasScales ? 16 : 8;
+  // 16-byte vectors per lane per load batch. Between ranks 8 (16 was measured
+  // no faster for BF16 and slower for FP8 on 2x H200, 2026-11-30,
+  // docs/benchmarks.md). At one rank 16: a whole FP8 row (448 vectors at
+  // hidden 7168) is one batch, one load round trip per token instead of two,
+  // without spills; the expert-major FP8 instance stays at 8, where 16 adds
+  // to its spills.
+  constexpr int kUnroll = kSingleRank && !(kHasScales && kExpertMajor) ? 16 : 8;
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
     const bool self = r == d.rank;
