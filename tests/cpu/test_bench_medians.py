@@ -73,3 +73,100 @@ def test_main_writes_the_summary(tmp_path, capsys):
   assert medians.main(paths + ["--out", str(out)]) == 0
   assert "3.0 us" in capsys.readouterr().out
   assert json.loads(out.read_text())["rows"][0]["median_us"] == 3.0
+
+
+def _sweep_point(num_sms, us_by_key, failed=(), below_noise=()):
+  """One meta.sm_sweep point as ht._point writes it."""
+  us = {key: None if key in failed or key in below_noise else t for key, t in us_by_key.items()}
+  return dict(tokens=4096, num_sms=num_sms, us=us, gbps={key: None for key in us},
+              errors={key: "RuntimeError: boom" for key in failed},
+              below_noise=[key for key in below_noise])
+
+
+def _swept(points):
+  run = _run({"HT dispatch BF16": 80.0})
+  run["mode"] = "ht"
+  run["meta"]["sm_sweep"] = points
+  return run
+
+
+BF16, FP8, COMBINE = "dispatch BF16 jax_ep", "dispatch FP8 jax_ep", "combine BF16 jax_ep"
+
+
+def test_sm_sweep_medians_leave_out_and_count_failed_and_below_noise_points():
+  runs = [_swept([_sweep_point(6, {BF16: 130.0, FP8: 90.0}), _sweep_point(8, {BF16: 100.0})]),
+          _swept([_sweep_point(6, {BF16: 120.0, FP8: 88.0}, failed=(FP8,)),
+                  _sweep_point(8, {BF16: 96.0})]),
+          _swept([_sweep_point(6, {BF16: 125.0, FP8: 86.0}),
+                  _sweep_point(8, {BF16: 98.0}, below_noise=(BF16,))])]
+  runs[2]["meta"]["sm_sweep"][0]["us"][BF16] = -1.0  # a time that is not positive: noise
+  summary = medians.summarize(runs, ["r1", "r2", "r3"])
+  assert [p["num_sms"] for p in summary["sm_sweep"]] == [6, 8]
+  six = {op["key"]: op for op in summary["sm_sweep"][0]["ops"]}
+  assert list(six) == [BF16, FP8]  # the runs' key order
+  assert six[BF16]["us"] == [130.0, 120.0] and six[BF16]["median_us"] == 125.0
+  assert (six[BF16]["failed_runs"], six[BF16]["below_noise_runs"]) == (0, 1)
+  assert six[FP8]["us"] == [90.0, 86.0] and six[FP8]["runs"] == 2
+  assert (six[FP8]["min_us"], six[FP8]["median_us"], six[FP8]["max_us"]) == (86.0, 88.0, 90.0)
+  assert (six[FP8]["failed_runs"], six[FP8]["below_noise_runs"]) == (1, 0)
+  eight = summary["sm_sweep"][1]["ops"][0]
+  assert eight["key"] == BF16 and eight["us"] == [100.0, 96.0] and eight["median_us"] == 98.0
+  assert eight["below_noise_runs"] == 1 and eight["failed_runs"] == 0
+  lines = medians.format_summary(summary).splitlines()
+  sweep_lines = [line for line in lines if "SM budget" in line]
+  assert len(sweep_lines) == 3 and lines[-3:] == sweep_lines  # after the rows
+  assert "SM budget 6" in sweep_lines[0] and BF16 in sweep_lines[0]
+  assert "125.0 us" in sweep_lines[0] and "1 below noise" in sweep_lines[0]
+  assert "88.0 us" in sweep_lines[1] and "1 failed" in sweep_lines[1]
+
+
+def test_sm_sweep_points_in_every_run_without_a_time_say_why():
+  runs = [_swept([_sweep_point(4, {BF16: 1.0, COMBINE: 2.0}, failed=(BF16,),
+                               below_noise=(COMBINE,))]) for _ in range(2)]
+  summary = medians.summarize(runs, ["r1", "r2"])
+  ops = {op["key"]: op for op in summary["sm_sweep"][0]["ops"]}
+  assert ops[BF16]["median_us"] is None and ops[BF16]["failed_runs"] == 2
+  assert ops[COMBINE]["median_us"] is None and ops[COMBINE]["below_noise_runs"] == 2
+  text = medians.format_summary(summary)
+  assert "FAILED in every run" in text and "below noise in every run" in text
+
+
+def test_sm_sweep_points_of_older_files_hold_their_times_beside_num_sms():
+  old = dict(num_sms=8, **{BF16: 800.0, FP8: None})
+  assert medians.point_times(old) == {BF16: (800.0, ""), FP8: (None, "failed")}
+  assert medians.point_times(_sweep_point(8, {BF16: 5.0, FP8: 0.0, COMBINE: 3.0},
+                                          failed=(COMBINE,))) == {
+      BF16: (5.0, ""), FP8: (None, "below noise"), COMBINE: (None, "failed")}
+
+
+def test_runs_without_an_sm_sweep_have_none_in_their_summary():
+  summary = medians.summarize([_run({"a": 1.0}), _run({"a": 2.0})], ["r1", "r2"])
+  assert "sm_sweep" not in summary and summary["hidden"] == 7168
+  assert "SM budget" not in medians.format_summary(summary)
+
+
+@pytest.mark.parametrize("budgets", [(6, 10), (6,), ()])
+def test_runs_of_different_sm_budgets_are_refused(budgets):
+  one = _swept([_sweep_point(n, {BF16: 100.0}) for n in (6, 8)])
+  other = _swept([_sweep_point(n, {BF16: 100.0}) for n in budgets])
+  with pytest.raises(ValueError, match="one list of num_sms"):
+    medians.summarize([one, other], ["r1", "r2"])
+
+
+def test_main_writes_the_sm_sweep_medians(tmp_path, capsys):
+  paths = []
+  for i, us in enumerate((124.0, 120.0, 122.0)):
+    path = tmp_path / f"ht_{i}.json"
+    path.write_text(json.dumps(_swept([_sweep_point(6, {BF16: us})])))
+    paths.append(str(path))
+  out = tmp_path / "summary.json"
+  assert medians.main(paths + ["--out", str(out)]) == 0
+  assert "SM budget 6" in capsys.readouterr().out
+  sweep = json.loads(out.read_text())["sm_sweep"]
+  assert sweep == [dict(num_sms=6, ops=[dict(key=BF16, runs=3, failed_runs=0, below_noise_runs=0,
+                                             us=[124.0, 120.0, 122.0], median_us=122.0,
+                                             min_us=120.0, max_us=124.0)])]
+  bad = tmp_path / "ht_other.json"
+  bad.write_text(json.dumps(_swept([_sweep_point(8, {BF16: 90.0})])))
+  assert medians.main(paths + [str(bad)]) == 2
+  assert "one list of num_sms" in capsys.readouterr().err
