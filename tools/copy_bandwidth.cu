@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "cuda/device_common.cuh"
+#include "tools/bulk_copy.cuh"
 
 constexpr int kRows = 4096;
 constexpr int kRowBytes = 14336;
@@ -130,10 +131,6 @@ __global__ void __launch_bounds__(T, 1) flat_copy(const int4* src, int4* dst, co
   }
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 template <int E, int S>
 __global__ void __launch_bounds__(E * 32, 1) ring_copy(const int4* src, int4* dst, const int* perm) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -141,47 +138,23 @@ __global__ void __launch_bounds__(E * 32, 1) ring_copy(const int4* src, int4* ds
   const int warp = threadIdx.x / 32;
   if (threadIdx.x % 32 != 0) return;
   uint8_t* stages = smem + static_cast<size_t>(warp) * S * kRowBytes;
-  for (int s = 0; s < S; ++s) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[warp][s])));
-  }
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  const int engine = blockIdx.x * E + warp;
-  const int num_engines = gridDim.x * E;
-  const int n = engine < kRows ? (kRows - 1 - engine) / num_engines + 1 : 0;
-  auto row_of = [&](int i) { return engine + i * num_engines; };
+  init_stage_barriers(bars[warp], S);
+  const EngineRows rows = engine_rows(E, warp, kRows);
+  const int n = rows.count;
+  auto row_of = [&](int i) { return rows.row(i); };
   auto issue_load = [&](int i) {
     const int s = i % S;
     const int row = row_of(i);
-    const int4* from = src + static_cast<size_t>(perm ? perm[row] : row) * kVecPerRow;
-    const uint32_t bar = smem_addr(&bars[warp][s]);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                 "r"(kRowBytes)
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-            "r"(smem_addr(stages + static_cast<size_t>(s) * kRowBytes)),
-        "l"(from), "r"(kRowBytes), "r"(bar)
-        : "memory");
+    bulk_load_row(stages + static_cast<size_t>(s) * kRowBytes,
+                  src + static_cast<size_t>(perm ? perm[row] : row) * kVecPerRow, kRowBytes,
+                  &bars[warp][s]);
   };
   for (int i = 0; i < S && i < n; ++i) issue_load(i);
   for (int i = 0; i < n; ++i) {
     const int s = i % S;
-    const uint32_t bar = smem_addr(&bars[warp][s]);
-    const uint32_t parity = (i / S) & 1;
-    uint32_t done = 0;
-    const long long give_up = clock64() + (1ll << 32);  // about 2 s: a stuck ring fails the check
-    while (!done && clock64() < give_up) {
-      asm volatile(
-          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
-    }
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
-                     dst + static_cast<size_t>(row_of(i)) * kVecPerRow),
-                 "r"(smem_addr(stages + static_cast<size_t>(s) * kRowBytes)), "r"(kRowBytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    wait_stage(&bars[warp][s], (i / S) & 1);
+    bulk_store_row(dst + static_cast<size_t>(row_of(i)) * kVecPerRow,
+                   stages + static_cast<size_t>(s) * kRowBytes, kRowBytes);
     if constexpr (S == 1) {  // the only stage: refill it once this store has read it
       if (i + 1 < n) {
         asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");

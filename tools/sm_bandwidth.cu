@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "cuda/device_common.cuh"
+#include "tools/bulk_copy.cuh"
 
 constexpr int kRows = 4096;
 constexpr int kRowBytes = 14336;
@@ -101,22 +102,6 @@ __global__ void __launch_bounds__(kThreads, 1) sm_rows(const int4* src, int4* ds
   if constexpr (M == Mode::kRead) sink[blockIdx.x * kThreads + threadIdx.x] = folded;
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void wait_parity(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  const long long give_up = clock64() + (1ll << 32);  // about 2 s: a stuck ring fails the check
-  while (!done && clock64() < give_up) {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-}
-
 template <Mode M>
 __global__ void __launch_bounds__(kEngines * 32, 1) tma_rows(const int4* src, int4* dst, int*) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -124,32 +109,18 @@ __global__ void __launch_bounds__(kEngines * 32, 1) tma_rows(const int4* src, in
   const int warp = threadIdx.x / 32;
   if (threadIdx.x % 32 != 0) return;
   uint8_t* stages = smem + static_cast<size_t>(warp) * kStages * kRowBytes;
-  for (int s = 0; s < kStages; ++s) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[warp][s])));
-  }
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  const int engine = blockIdx.x * kEngines + warp;
-  const int num_engines = gridDim.x * kEngines;
-  const int n = engine < kRows ? (kRows - 1 - engine) / num_engines + 1 : 0;
-  auto row_of = [&](int i) { return engine + i * num_engines; };
+  init_stage_barriers(bars[warp], kStages);
+  const EngineRows rows = engine_rows(kEngines, warp, kRows);
+  const int n = rows.count;
+  auto row_of = [&](int i) { return rows.row(i); };
   auto issue_load = [&](int i) {
     const int s = i % kStages;
-    const uint32_t bar = smem_addr(&bars[warp][s]);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                 "r"(kRowBytes)
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-            "r"(smem_addr(stages + static_cast<size_t>(s) * kRowBytes)),
-        "l"(src + static_cast<size_t>(row_of(i)) * kVecPerRow), "r"(kRowBytes), "r"(bar)
-        : "memory");
+    bulk_load_row(stages + static_cast<size_t>(s) * kRowBytes,
+                  src + static_cast<size_t>(row_of(i)) * kVecPerRow, kRowBytes, &bars[warp][s]);
   };
   auto issue_store = [&](int i, int s) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
-                     dst + static_cast<size_t>(row_of(i)) * kVecPerRow),
-                 "r"(smem_addr(stages + static_cast<size_t>(s) * kRowBytes)), "r"(kRowBytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    bulk_store_row(dst + static_cast<size_t>(row_of(i)) * kVecPerRow,
+                   stages + static_cast<size_t>(s) * kRowBytes, kRowBytes);
   };
   if constexpr (M == Mode::kWrite) {
     // Stores only, kStages in flight per engine, all from stage 0 (its bytes
@@ -158,21 +129,20 @@ __global__ void __launch_bounds__(kEngines * 32, 1) tma_rows(const int4* src, in
       issue_store(i, 0);
       asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kStages - 1) : "memory");
     }
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-    return;
-  }
-  for (int i = 0; i < kStages && i < n; ++i) issue_load(i);
-  for (int i = 0; i < n; ++i) {
-    const int s = i % kStages;
-    wait_parity(smem_addr(&bars[warp][s]), (i / kStages) & 1);
-    if constexpr (M == Mode::kRead) {
-      if (i + kStages < n) issue_load(i + kStages);
-    } else {
-      issue_store(i, s);
-      if (i >= 1 && i - 1 + kStages < n) {
-        // Refill the stage of row i - 1: its store was committed before this one.
-        asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-        issue_load(i - 1 + kStages);
+  } else {
+    for (int i = 0; i < kStages && i < n; ++i) issue_load(i);
+    for (int i = 0; i < n; ++i) {
+      const int s = i % kStages;
+      wait_stage(&bars[warp][s], (i / kStages) & 1);
+      if constexpr (M == Mode::kRead) {
+        if (i + kStages < n) issue_load(i + kStages);
+      } else {
+        issue_store(i, s);
+        if (i >= 1 && i - 1 + kStages < n) {
+          // Refill the stage of row i - 1: its store was committed before this one.
+          asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+          issue_load(i - 1 + kStages);
+        }
       }
     }
   }
