@@ -33,6 +33,7 @@
 #include "cuda/device_common.cuh"
 #include "cuda/ht_combine_common.cuh"
 #include "cuda/ht_launch.h"
+#include "cuda/ht_pair_sum.cuh"
 #include "cuda/ht_row_elements.cuh"
 #include "cuda/transport.cuh"
 
@@ -41,58 +42,6 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarpSize;
-// Per lane: kVec vectors of each of kGroup pair rows in flight (8 KB per
-// warp, 128 KB per SM, as the token-major combine keeps). Bulk loads into
-// shared memory instead were measured slower: docs/benchmarks.md.
-constexpr int kVec = 2;
-constexpr int kGroup = 8;
-constexpr int kMaxPerVector = 8;
-
-// Columns of one pass, in whole vectors of the row type.
-struct PairPass {
-  int first_vector;
-  int num_vectors;
-};
-
-// The warp's float32 partial of one staging row's pairs, for vectors base +
-// u*32 + lane (u < kVec) of the pass: 0.0f + the pair rows in order. `pair_row`
-// is lane j's pair row j (j < num_pairs, warp-uniform).
-template <typename T>
-__device__ __forceinline__ void pair_partial(float (&acc)[kVec][kMaxPerVector], const char* y,
-                                             size_t row_stride, const PairPass& pass,
-                                             int pair_row, int num_pairs, int base, int lane) {
-  using E = RowElements<T>;
-#pragma unroll
-  for (int u = 0; u < kVec; ++u) {
-#pragma unroll
-    for (int j = 0; j < kMaxPerVector; ++j) acc[u][j] = 0.0f;
-  }
-  for (int group = 0; group < num_pairs; group += kGroup) {
-    int4 raw[kGroup][kVec];
-#pragma unroll
-    for (int q = 0; q < kGroup; ++q) {
-      const int row = __shfl_sync(0xffffffffu, pair_row, min(group + q, kWarpSize - 1));
-      if (group + q >= num_pairs) continue;
-      const int4* src = reinterpret_cast<const int4*>(y + static_cast<size_t>(row) * row_stride) +
-                        pass.first_vector;
-#pragma unroll
-      for (int u = 0; u < kVec; ++u) {
-        const int v = base + u * kWarpSize + lane;
-        if (v < pass.num_vectors) raw[q][u] = ld_v4_no_alloc(src + v, /*coherent=*/false);
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < kGroup; ++q) {
-      if (group + q >= num_pairs) continue;
-#pragma unroll
-      for (int u = 0; u < kVec; ++u) {
-        if (base + u * kWarpSize + lane >= pass.num_vectors) continue;
-#pragma unroll
-        for (int j = 0; j < E::kPerVector; ++j) acc[u][j] += E::get(raw[q][u], j);
-      }
-    }
-  }
-}
 
 // Lane j < K: pair row j of staging row `row`; returns how many lead the list.
 __device__ __forceinline__ int load_pair_rows(const int32_t* rows_by_expert, int row, int num_topk,
@@ -125,21 +74,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto* dst = reinterpret_cast<float4*>(
         static_cast<char*>(transport::peer_ptr(recv_base, s)) +
         (static_cast<size_t>(d.rank) * d.max_tokens + t) * buffer_row_bytes);
-    for (int base = 0; base < pass.num_vectors; base += kVec * kWarpSize) {
-      float acc[kVec][kMaxPerVector];
-      pair_partial<T>(acc, static_cast<const char*>(args.y), row_stride, pass, pair_row,
-                      num_pairs, base, lane);
+    for_each_pair_sum<T>(static_cast<const char*>(args.y), row_stride, pass, pair_row, num_pairs,
+                         lane, [&](int v, const float(&partial)[E::kPerVector]) {
+                           if (v >= pass.num_vectors) return;
 #pragma unroll
-      for (int u = 0; u < kVec; ++u) {
-        const int v = base + u * kWarpSize + lane;
-        if (v >= pass.num_vectors) continue;
-#pragma unroll
-        for (int h = 0; h < E::kPerVector / 4; ++h) {
-          dst[v * (E::kPerVector / 4) + h] =
-              make_float4(acc[u][4 * h], acc[u][4 * h + 1], acc[u][4 * h + 2], acc[u][4 * h + 3]);
-        }
-      }
-    }
+                           for (int h = 0; h < E::kPerVector / 4; ++h) {
+                             dst[v * (E::kPerVector / 4) + h] =
+                                 make_float4(partial[4 * h], partial[4 * h + 1],
+                                             partial[4 * h + 2], partial[4 * h + 3]);
+                           }
+                         });
   }
   if (arrive_is_last_block(&ctx.counters->ht_combine_send_done)) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
@@ -177,53 +121,41 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (own_row >= 0 && own_row < valid) {
       num_pairs = load_pair_rows(args.rows_by_expert, own_row, d.num_topk, lane, &pair_row);
     }
-    for (int base = 0; base < pass.num_vectors; base += kVec * kWarpSize) {
-      float total[kVec][kMaxPerVector];
+    // Vector v of the token: 0.0f + P_0 + P_1 ... over the holders in rank
+    // order, P_me = own (this rank's partial), the others' from their rows.
+    auto finish = [&](int v, const float(&own)[E::kPerVector]) {
+      if (v >= pass.num_vectors) return;
+      float total[E::kPerVector];
 #pragma unroll
-      for (int u = 0; u < kVec; ++u) {
-#pragma unroll
-        for (int j = 0; j < kMaxPerVector; ++j) total[u][j] = 0.0f;
-      }
-      for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < E::kPerVector; ++j) total[j] = R == 1 ? 0.0f + own[j] : 0.0f;
+      for (int r = 0; R > 1 && r < R; ++r) {
         if (((holders >> r) & 1u) == 0u) continue;
-        float partial[kVec][kMaxPerVector];
         if (r == d.rank) {
-          pair_partial<T>(partial, static_cast<const char*>(args.y), row_stride, pass, pair_row,
-                          num_pairs, base, lane);
-        } else {
-          // Written by peer r's send kernel, published by its flag (acquired above).
-          const float4* src = reinterpret_cast<const float4*>(
-              recv_base + (static_cast<size_t>(r) * d.max_tokens + t) * buffer_row_bytes);
 #pragma unroll
-          for (int u = 0; u < kVec; ++u) {
-            const int v = base + u * kWarpSize + lane;
-            if (v >= pass.num_vectors) continue;
-#pragma unroll
-            for (int h = 0; h < E::kPerVector / 4; ++h) {
-              const int4 raw = ld_v4_no_alloc(
-                  reinterpret_cast<const int4*>(src + v * (E::kPerVector / 4) + h), true);
-              partial[u][4 * h] = __int_as_float(raw.x);
-              partial[u][4 * h + 1] = __int_as_float(raw.y);
-              partial[u][4 * h + 2] = __int_as_float(raw.z);
-              partial[u][4 * h + 3] = __int_as_float(raw.w);
-            }
-          }
+          for (int j = 0; j < E::kPerVector; ++j) total[j] += own[j];
+          continue;
         }
+        // Written by peer r's send kernel, published by its flag (acquired above).
+        const float4* src = reinterpret_cast<const float4*>(
+            recv_base + (static_cast<size_t>(r) * d.max_tokens + t) * buffer_row_bytes);
 #pragma unroll
-        for (int u = 0; u < kVec; ++u) {
-#pragma unroll
-          for (int j = 0; j < E::kPerVector; ++j) total[u][j] += partial[u][j];
+        for (int h = 0; h < E::kPerVector / 4; ++h) {
+          const int4 raw = ld_v4_no_alloc(
+              reinterpret_cast<const int4*>(src + v * (E::kPerVector / 4) + h), true);
+          total[4 * h] += __int_as_float(raw.x);
+          total[4 * h + 1] += __int_as_float(raw.y);
+          total[4 * h + 2] += __int_as_float(raw.z);
+          total[4 * h + 3] += __int_as_float(raw.w);
         }
       }
-#pragma unroll
-      for (int u = 0; u < kVec; ++u) {
-        const int v = base + u * kWarpSize + lane;
-        if (v >= pass.num_vectors) continue;
-        int4 packed;
-#pragma unroll
-        for (int j = 0; j < E::kPerVector; ++j) E::set(packed, j, total[u][j]);
-        st_na_v4(out_row + v, packed);
-      }
+      st_na_v4(out_row + v, E::pack(total));
+    };
+    if (((holders >> d.rank) & 1u) != 0u) {
+      for_each_pair_sum<T>(static_cast<const char*>(args.y), row_stride, pass, pair_row,
+                           num_pairs, lane, finish);
+    } else {
+      const float none[E::kPerVector] = {};  // unread: this rank holds no row of t
+      for (int base = 0; base < pass.num_vectors; base += kWarpSize) finish(base + lane, none);
     }
   }
   if (runs_epilogue(&ctx.counters->ht_combine_recv_done, R == 1 && ctx.profile == nullptr)) {
