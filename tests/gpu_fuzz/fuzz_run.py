@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import jax_ep
@@ -47,23 +48,36 @@ def _short(error: BaseException) -> str:
   return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + " ..."
 
 
+def _kept(values: list[Any]) -> jax.Array:
+  """A float32 scalar that reads one element of every leaf of ``values``."""
+  picked = [jnp.ravel(leaf)[:1].astype(jnp.float32).sum() for leaf in jax.tree.leaves(values)]
+  return sum(picked, jnp.zeros((), jnp.float32))
+
+
 def program_function(program: Program, config: EpConfig, names: list[list[str]]):
   """The per-rank body: every step's ops on its inputs; a step marked unused
   returns nothing. In a chained program each LL step's inputs first pass an
-  optimization_barrier with the previous LL step's outputs (fuzz_programs)."""
+  optimization_barrier with the previous LL step's outputs (fuzz_programs).
+  The body returns one output per step and, last, a scalar that reads the
+  barriers' copies of those previous outputs: XLA drops a barrier operand
+  whose output nothing reads, and behind an unused step that took the fence
+  with it (program 28 of seed 20261204 at N = 4, 2026-12-04: the next step's
+  one-call dispatch ran while the unused step's split send awaited its recv,
+  a protocol fault on two ranks and timeouts on the others)."""
 
   def body(*flat):
-    outputs, previous_ll, at = [], None, 0
+    outputs, fences, previous_ll, at = [], [], None, 0
     for step, step_names in zip(program.steps, names):
       inputs = dict(zip(step_names, flat[at:at + len(step_names)]))
       at += len(step_names)
       if program.chained and step.family == "ll" and previous_ll is not None:
-        inputs = jax.lax.optimization_barrier((inputs, previous_ll))[0]
+        inputs, fence = jax.lax.optimization_barrier((inputs, previous_ll))
+        fences.append(fence)
       result = step.device(config, inputs)
       if step.family == "ll":
         previous_ll = result
       outputs.append(None if step.common.unused else result)
-    return tuple(outputs)
+    return tuple(outputs) + (_kept(fences),)
 
   return body
 
@@ -89,7 +103,7 @@ def run_program(program: Program, config: EpConfig, mesh, perturb: bool = False)
   per_step, flat = flat_inputs(program, config)
   names = [sorted(inputs) for inputs in per_step]
   try:
-    outputs = run(program_function(program, config, names), mesh, *flat)
+    *outputs, _ = run(program_function(program, config, names), mesh, *flat)
     jax.effects_barrier()  # the unused steps' ops too, before the status is read
   except Exception as e:  # pylint: disable=broad-except
     fault = _status_line()
