@@ -38,6 +38,8 @@
 #include <vector>
 
 #include "cuda/device_common.cuh"
+#include "cuda/ht_row_elements.cuh"
+#include "tools/probe_timing.cuh"
 
 constexpr int kTokens = 4096;
 constexpr int kTopk = 8;
@@ -51,25 +53,15 @@ using jax_ep::cuda::st_na_v4;
 
 enum class Design { kRegs, kFold, kPipe, kAsync, kExpand, kWrite, kRanges, kMeta };
 
-__device__ __forceinline__ void add_bf16x8(float (&acc)[8], const int4& v) {
-  const uint32_t w[4] = {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y),
-                         static_cast<uint32_t>(v.z), static_cast<uint32_t>(v.w)};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    acc[2 * i] += __uint_as_float(w[i] << 16);
-    acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
+// The kernels' own arithmetic (cuda/ht_row_elements.cuh): acc += the vector's
+// elements; the vector of 0.0f + acc, rounded (the one-rank combine's total).
+using Bf16 = jax_ep::cuda::RowElements<__nv_bfloat16>;
+__device__ __forceinline__ void add_bf16x8(float (&acc)[8], const int4& v) { Bf16::add(acc, v); }
 __device__ __forceinline__ int4 round_bf16x8(const float (&acc)[8]) {
-  uint32_t w[4];
+  float total[8];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(0.0f + acc[2 * i]));
-    const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(0.0f + acc[2 * i + 1]));
-    w[i] = lo | (hi << 16);
-  }
-  return make_int4(w[0], w[1], w[2], w[3]);
+  for (int j = 0; j < 8; ++j) total[j] = 0.0f + acc[j];
+  return Bf16::pack(total);
 }
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
@@ -99,13 +91,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int q = 0; q < kTopk; ++q) {
           const int4* src = y + static_cast<size_t>(__shfl_sync(~0u, pair_row, q)) * kVecPerRow;
 #pragma unroll
-          for (int u = 0; u < kVec; ++u) raw[q][u] = ld_v4_no_alloc(src + base + u * 32 + lane, false);
+          for (int u = 0; u < kVec; ++u) {
+            raw[q][u] = ld_v4_no_alloc(src + base + u * 32 + lane, false);
+          }
         }
         if constexpr (D == Design::kFold) {
 #pragma unroll
           for (int q = 0; q < kTopk; ++q) {
 #pragma unroll
-            for (int u = 0; u < kVec; ++u) folded ^= raw[q][u].x ^ raw[q][u].y ^ raw[q][u].z ^ raw[q][u].w;
+            for (int u = 0; u < kVec; ++u) {
+              folded ^= raw[q][u].x ^ raw[q][u].y ^ raw[q][u].z ^ raw[q][u].w;
+            }
           }
         } else {
 #pragma unroll
@@ -153,7 +149,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // lane L alone after its own cp.async.wait_group (no warp barrier).
     extern __shared__ __align__(16) int4 ring[];
     int4* slots = ring + static_cast<size_t>(warp) * kStages * kTopk * kRound;
-    auto slot = [&](int s, int q, int u) { return slots + ((s * kTopk + q) * kVec + u) * 32 + lane; };
+    auto slot = [&](int s, int q, int u) {
+      return slots + ((s * kTopk + q) * kVec + u) * 32 + lane;
+    };
     const int my_tokens = first < kTokens ? (kTokens - 1 - first) / step + 1 : 0;
     const int total = my_tokens * kRounds;
     int issue_token = -1, pair_row = 0;
@@ -166,7 +164,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
 #pragma unroll
         for (int q = 0; q < kTopk; ++q) {
-          const int4* src = y + static_cast<size_t>(__shfl_sync(~0u, pair_row, q)) * kVecPerRow + base;
+          const int row = __shfl_sync(~0u, pair_row, q);
+          const int4* src = y + static_cast<size_t>(row) * kVecPerRow + base;
 #pragma unroll
           for (int u = 0; u < kVec; ++u) cp_async_16(slot(i % kStages, q, u), src + u * 32 + lane);
         }
@@ -332,21 +331,8 @@ int main(int argc, char** argv) {
     int4* dst = expands ? pairs_out : out;
     const int* idx = contiguous ? d_contig : d_rows;
     cudaMemsetAsync(dst, 0xff, expands ? pair_bytes : token_bytes, stream);
-    constexpr int launches = 10;
-    for (int i = 0; i < 3; ++i) kernel<<<grid, threads, smem, stream>>>(y, idx, x, dst, sink);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    std::vector<float> per;
-    for (int r = 0; r < 7; ++r) {
-      cudaEventRecord(e0, stream);
-      for (int i = 0; i < launches; ++i) kernel<<<grid, threads, smem, stream>>>(y, idx, x, dst, sink);
-      cudaEventRecord(e1, stream);
-      cudaEventSynchronize(e1);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      per.push_back(ms * 1000.0f / launches);
-    }
+    const std::vector<float> per = time_launches(
+        [&] { kernel<<<grid, threads, smem, stream>>>(y, idx, x, dst, sink); }, stream, 3, 7, 10);
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
     bool ok = err == cudaSuccess;
@@ -362,10 +348,10 @@ int main(int argc, char** argv) {
         ok = std::memcmp(got.data(), want.data(), token_bytes) == 0;
       }
     }
-    std::sort(per.begin(), per.end());
     const double us = per[3];
     const double gbps = pair_bytes / (us * 1e-6) / 1e9 / grid;
-    printf("%-7s %4d thr vec %d stages %d%s grid %3d: %7.1f us (min %7.1f) %6.1f GB/s pairs per SM %s%s\n",
+    printf("%-7s %4d thr vec %d stages %d%s grid %3d: %7.1f us (min %7.1f) "
+           "%6.1f GB/s pairs per SM %s%s\n",
            name, threads, vec, stages, contiguous ? " contig" : "", grid, us, per[0], gbps,
            ok ? "ok" : "WRONG ", err ? cudaGetErrorString(err) : "");
     results.push_back({contiguous ? "contig" : name, threads, vec, stages, grid,

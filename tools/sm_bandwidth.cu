@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "cuda/device_common.cuh"
+#include "tools/probe_timing.cuh"
 #include "tools/bulk_copy.cuh"
 
 constexpr int kRows = 4096;
@@ -193,21 +194,8 @@ int main(int argc, char** argv) {
                            static_cast<int>(smem));
     }
     cudaMemsetAsync(dst, 0xff, bytes, stream);
-    constexpr int launches = 20;
-    for (int i = 0; i < 3; ++i) kernel<<<grid, threads, smem, stream>>>(src, dst, sink);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    std::vector<float> per;
-    for (int r = 0; r < 7; ++r) {
-      cudaEventRecord(e0, stream);
-      for (int i = 0; i < launches; ++i) kernel<<<grid, threads, smem, stream>>>(src, dst, sink);
-      cudaEventRecord(e1, stream);
-      cudaEventSynchronize(e1);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      per.push_back(ms * 1000.0f / launches);
-    }
+    const std::vector<float> per = time_launches(
+        [&] { kernel<<<grid, threads, smem, stream>>>(src, dst, sink); }, stream, 3, 7, 20);
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
     bool ok = err == cudaSuccess;
@@ -215,7 +203,6 @@ int main(int argc, char** argv) {
       cudaMemcpy(out.data(), dst, bytes, cudaMemcpyDeviceToHost);
       ok = std::memcmp(out.data(), h_src.data(), bytes) == 0;
     }
-    std::sort(per.begin(), per.end());
     const double us = per[3];
     const double rw = (read_share + write_share) * bytes / (us * 1e-6) / 1e9 / grid;
     const double rows = bytes / (us * 1e-6) / 1e9 / grid;
