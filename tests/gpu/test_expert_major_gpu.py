@@ -25,6 +25,9 @@ SHAPES = [  # (E, K, T, T_local, H, A)
     (16, 4, 64, 48, 256, 1),
     (64, 8, 256, 256, 1024, 8),
     (256, 8, 64, 64, 7168, 128),
+    # K = 12: tokens with more than 8 pairs on a rank (N = 1, 2), the combine's
+    # groups of 8 one after the other (cuda/ht_pair_sum.cuh), beside tokens with 8 or less.
+    (32, 12, 64, 64, 512, 8),
 ]
 FIELDS = ("x", "scales", "topk_idx", "topk_weights", "num_tokens", "tokens_per_expert",
           "group_sizes", "num_dropped", "num_invalid")
