@@ -150,7 +150,8 @@ def draw(bars: Sequence[Bar], num_ranks: int, title: str, path: str) -> None:
     ax.set_xlim(0, hi * 2.2)
   ax.set_xlabel("us per call" + (" (log scale)" if log else ""))
   ax.grid(True, axis="x", alpha=0.3)
-  ax.legend(fontsize=8, loc="lower right")
+  # Outside the axes, right of them: clear of every bar and label, however many rows.
+  ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
   ax.set_title(title, fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
