@@ -126,6 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto finish = [&](int v, const float(&own)[E::kPerVector]) {
       if (v >= pass.num_vectors) return;
       float total[E::kPerVector];
+      // One rank: the only holder is this one, so the rank loop is skipped.
 #pragma unroll
       for (int j = 0; j < E::kPerVector; ++j) total[j] = R == 1 ? 0.0f + own[j] : 0.0f;
       for (int r = 0; R > 1 && r < R; ++r) {

@@ -23,7 +23,7 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdint>
+#include <cstddef>
 
 #include "cuda/device_common.cuh"
 #include "cuda/ht_row_elements.cuh"

@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "cuda/device_common.cuh"
-#include "tools/probe_timing.cuh"
 #include "tools/bulk_copy.cuh"
+#include "tools/probe_timing.cuh"
 
 constexpr int kRows = 4096;
 constexpr int kRowBytes = 14336;
