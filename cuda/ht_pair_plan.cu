@@ -82,11 +82,22 @@ __global__ void __launch_bounds__(kPlanThreads)
   int* s_running = s_plan;                                      // [E]
   uint32_t* s_bits = reinterpret_cast<uint32_t*>(s_plan + E);  // [E][words]
   const HtBuffers& b = ctx.buffers;
+  // The earlier blocks' counts: eight independent loads in flight per step.
+  // (One load per step put up to 63 L2 round trips one after the other in
+  // front of the last block's work.)
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const int32_t* column = b.plan_block_counts + e;
+    const int num_before = static_cast<int>(blockIdx.x);
     int base = 0;
-    for (int other = 0; other < static_cast<int>(blockIdx.x); ++other) {
-      base += b.plan_block_counts[static_cast<size_t>(other) * E + e];
+    int other = 0;
+    for (; other + 8 <= num_before; other += 8) {
+      int part[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) part[i] = column[static_cast<size_t>(other + i) * E];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) base += part[i];
     }
+    for (; other < num_before; ++other) base += column[static_cast<size_t>(other) * E];
     s_running[e] = base;
   }
   int lo, hi;
