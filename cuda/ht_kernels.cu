@@ -52,11 +52,18 @@
 //   every block has read the old one), and a fault recorded before the call
 //   does not void it (the next execution fails on it in the prepare stage).
 // expert-major dispatch (kExpertMajor; the pair plan, ht_pair_plan.cu, ran
-// before on this stream): the same kernel and steps, with
+// before on this stream, but at one rank): the same kernel and steps, with
+//   1. at one rank, the pair plan in this kernel: block b counts its range's
+//     pairs per expert into plan_block_counts[b][*] before its ht_block_rows
+//     word (the block barrier, then the release); once it has acquired every
+//     block's word it sums the columns (volatile loads) into its base and the
+//     totals (shared memory) and ranks its own range's pairs into
+//     plan_pair_rank, which only its own send role reads (after a block
+//     barrier). The next dispatch rewrites both after this kernel ended.
 //   2. block 0 also writes this rank's tokens per local expert of each rank r
 //     (plan_expert_totals) into r's expert_counts[p][me][*] before the flags
 //     (every thread, then the block barrier, then the flag). Every block,
-//     once it holds the flags (at one rank: from plan_expert_totals), lays out
+//     once it holds the flags (at one rank: the totals of step 1), lays out
 //     the groups (place_groups): group e starts at the sum of the earlier
 //     groups' pair counts rounded up to A; source s's pairs of e start after
 //     those of the sources before s. Block 0 writes tokens_per_expert,
@@ -117,6 +124,7 @@
 #include "cuda/device_common.cuh"
 #include "cuda/ht_combine_common.cuh"
 #include "cuda/ht_launch.h"
+#include "cuda/ht_pair_rank.cuh"
 #include "cuda/ht_row_elements.cuh"
 #include "cuda/transport.cuh"
 
@@ -420,6 +428,21 @@ __device__ int build_send_plan(const HtContext& ctx, const HtDispatchArgs& args,
   return invalid;
 }
 
+// The one-rank expert-major dispatch's pair plan, in dynamic shared memory
+// after the pair placement (PairSmem): running [E] (a block's pairs per
+// expert, then the pairs before its range, then those before its end),
+// totals [E] (every block's pairs per expert), bits [E][words] (a sub-tile of
+// rank_pair_range). Unused (null) elsewhere.
+struct OneRankPairPlan {
+  int* running;
+  int* totals;
+  uint32_t* bits;
+  int words;
+};
+__host__ __device__ constexpr size_t one_rank_pair_plan_bytes(int num_experts, int words) {
+  return sizeof(int) * static_cast<size_t>(num_experts) * (2 + static_cast<size_t>(words));
+}
+
 // One rank's send plan and count exchange, in place of build_send_plan and
 // the R x R count exchange (every row is this rank's own): block b masks the
 // tokens of its own range [lo, lo + L), L = single_rank_tile_tokens, in
@@ -431,18 +454,32 @@ __device__ int build_send_plan(const HtContext& ctx, const HtDispatchArgs& args,
 // the next dispatch's kernel starts after this one ended (stream order).
 // Each block adds the out-of-range top-k entries of its range to num_invalid.
 // A timed-out wait counts that block as 0 rows (the fault is recorded).
+// Expert-major (kExpertMajor), in place of the pair plan's kernels: block b
+// also counts its range's pairs per expert (count_pair_range) and writes
+// them to plan_block_counts[b][*] before its word (the block barrier, then
+// the release); once it holds every block's word it sums the columns (the
+// blocks before b: its base; all of them: the totals, into pair.totals) and
+// ranks its range's pairs into plan_pair_rank (rank_pair_range), which its
+// send role reads back after the barrier that ends this. A timed-out word
+// leaves that block's counts of an earlier call in the sums: non-negative,
+// so every pair row stays in [0, M) or is dropped (place_pairs).
 // All threads must call it.
+template <bool kExpertMajor>
 __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& args, uint32_t seq,
                                  uint8_t* s_mask, int* s_tile_base, int tile_tokens,
-                                 int* s_prefix, int* s_row_offset) {
+                                 int* s_prefix, int* s_row_offset, const OneRankPairPlan& pair) {
   __shared__ int s_count, s_before, s_total, s_invalid_here;
   const EpDims d = ctx.dims;
   const int T = args.num_tokens;
   const int K = d.num_topk;
+  const int E = d.num_experts;  // = experts_per_rank at one rank
   const int lo = min(T, static_cast<int>(blockIdx.x) * tile_tokens);
   const int hi = min(T, lo + tile_tokens);
   const ExpertRank rank_of(d.experts_per_rank);
   if (threadIdx.x == 0) s_count = s_before = s_total = s_invalid_here = 0;
+  if constexpr (kExpertMajor) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) pair.running[e] = 0;
+  }
   __syncthreads();
   int invalid = 0, routed = 0;
   const bool vector_idx = K % 4 == 0 && reinterpret_cast<uintptr_t>(args.topk_idx) % 16 == 0;
@@ -463,13 +500,19 @@ __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& arg
     s_mask[t] = static_cast<uint8_t>(mask);
     routed += mask != 0u ? 1 : 0;
   }
+  if constexpr (kExpertMajor) count_pair_range(args.topk_idx, lo, hi, K, E, pair.running);
   routed = __reduce_add_sync(0xffffffffu, routed);
   invalid = __reduce_add_sync(0xffffffffu, invalid);
   if (threadIdx.x % kWarpSize == 0) {
     if (routed) atomicAdd(&s_count, routed);
     if (invalid) atomicAdd(&s_invalid_here, invalid);
   }
-  __syncthreads();  // s_mask, s_count; block 0: the zeroing before it
+  __syncthreads();  // s_mask, s_count, pair.running; block 0: the zeroing before it
+  if constexpr (kExpertMajor) {
+    int32_t* row = ctx.buffers.plan_block_counts + static_cast<size_t>(blockIdx.x) * E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) row[e] = pair.running[e];
+    __syncthreads();  // the row before the release below
+  }
   if (blockIdx.x == 0 && threadIdx.x == 0) ht_trace(ctx, seq, kTraceMasks);
   if (threadIdx.x == 0) {
     st_release_gpu(ctx.counters->ht_block_rows + blockIdx.x,
@@ -500,6 +543,34 @@ __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& arg
     s_prefix[1] = s_total;
     s_row_offset[0] = 0;
     if (s_invalid_here) atomicAdd(args.out_num_invalid, s_invalid_here);
+  }
+  if constexpr (kExpertMajor) {
+    // The columns of plan_block_counts (written in this kernel by the blocks
+    // whose words were acquired above: volatile loads, not the L1), eight
+    // loads in flight per step.
+    const int num_blocks = static_cast<int>(gridDim.x), me = static_cast<int>(blockIdx.x);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      const uint32_t* column =
+          reinterpret_cast<const uint32_t*>(ctx.buffers.plan_block_counts + e);
+      int before = 0, all = 0, other = 0;
+      for (; other < num_blocks; other += 8) {
+        int part[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const size_t row = static_cast<size_t>(other + i) * E;
+          part[i] = other + i < num_blocks ? static_cast<int>(ld_volatile_u32(column + row)) : 0;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          all += part[i];
+          if (other + i < me) before += part[i];
+        }
+      }
+      pair.running[e] = before;
+      pair.totals[e] = all;
+    }
+    rank_pair_range(args.topk_idx, lo, hi, K, E, pair.words, pair.running, pair.bits,
+                    ctx.buffers.plan_pair_rank);
   }
   __syncthreads();
 }
@@ -625,26 +696,27 @@ __device__ void shared_exclusive_scan(int* values, int n, int* total) {
 }
 
 // Every block, once the counts per (source, local expert) are readable (the
-// count exchange's flags acquired; at one rank the pair plan's totals): the
-// groups, each source's first row in each, and the padding ranges. Block 0
-// writes tokens_per_expert, group_sizes, num_pairs and num_dropped. All
-// threads call it.
+// count exchange's flags acquired; at one rank `one_rank_totals`, this
+// block's sums of the plan's columns in shared memory): the groups, each
+// source's first row in each, and the padding ranges. Block 0 writes
+// tokens_per_expert, group_sizes, num_pairs and num_dropped. All threads
+// call it.
 template <bool kSingleRank>
 __device__ void place_groups(const HtContext& ctx, const HtDispatchArgs& args, uint32_t seq,
-                             const PairSmem& p) {
+                             const PairSmem& p, const int* one_rank_totals) {
   const EpDims d = ctx.dims;
   const int R = d.num_ranks, El = d.experts_per_rank;
   const int M = args.pairs.num_rows, A = args.pairs.alignment;
-  const int32_t* counts = kSingleRank ? ctx.buffers.plan_expert_totals
-                                      : ctx.buffers.expert_counts + (seq & 1) * R * El;
+  const int32_t* counts = ctx.buffers.expert_counts + (seq & 1) * R * El;
   if (threadIdx.x == 0) p.sums[2] = p.sums[3] = 0;
   for (int e = threadIdx.x; e < El; e += blockDim.x) {
     int running = 0;
     for (int s = 0; s < R; ++s) {
       p.base[s * El + e] = running;
       // Written by source s before its notify flag, which this block acquired.
-      running += static_cast<int>(
-          ld_volatile_u32(reinterpret_cast<const uint32_t*>(counts + s * El + e)));
+      running += kSingleRank ? one_rank_totals[e]
+                             : static_cast<int>(ld_volatile_u32(
+                                   reinterpret_cast<const uint32_t*>(counts + s * El + e)));
     }
     p.group_pairs[e] = running;
     p.group_start[e] = (running + A - 1) / A * A;  // padded: scanned into the starts
@@ -893,9 +965,13 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     const int expert = lane < d.num_topk ? __ldg(args.topk_idx + t * d.num_topk + lane) : -1;
     const float weight =
         lane < d.num_topk ? __ldg(args.topk_weights + t * d.num_topk + lane) : 0.0f;
-    // The pair plan's rank of this entry (written by the kernel before this one).
-    const int pair_rank =
-        kExpertMajor && lane < d.num_topk ? __ldg(b.plan_pair_rank + t * d.num_topk + lane) : -1;
+    // The pair plan's rank of this entry: written by the kernel before this
+    // one, or at one rank by this block (single_rank_plan; not through __ldg).
+    int pair_rank = -1;
+    if (kExpertMajor && lane < d.num_topk) {
+      pair_rank = kSingleRank ? b.plan_pair_rank[t * d.num_topk + lane]
+                              : __ldg(b.plan_pair_rank + t * d.num_topk + lane);
+    }
     const uint32_t* src_scales = nullptr;
     uint32_t scales[kScaleWordsPerLane];
     if constexpr (kHasScales) {
@@ -1177,10 +1253,13 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
 }
 
 // kExpertMajor: pairs.num_rows > 0 (HtPairArgs); the dynamic shared memory
-// holds the pair placement (PairSmem) after the send plan, at `pair_offset`.
+// holds the pair placement (PairSmem) after the send plan, at `pair_offset`,
+// and at one rank the pair plan (OneRankPairPlan, sub-tiles of `pair_words`
+// words) after that, at `plan_offset`.
 template <bool kHasScales, bool kSingleRank, bool kExpertMajor>
 __global__ void __launch_bounds__(kThreads, 1)
-    ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks, int pair_offset) {
+    ht_dispatch(HtContext ctx, HtDispatchArgs args, int num_send_blocks, int pair_offset,
+                int plan_offset, int pair_words) {
   extern __shared__ __align__(16) uint8_t s_send_plan[];  // senders: dispatch_smem_bytes()
   __shared__ int s_prefix[kHtMaxRanks + 1];
   __shared__ int s_row_offset[kHtMaxRanks];
@@ -1205,6 +1284,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* s_mask = s_send_plan;
   int* s_tile_base = reinterpret_cast<int*>(s_send_plan + dispatch_mask_bytes(args.num_tokens));
   const PairSmem pair = pair_smem(s_send_plan + pair_offset, d.num_ranks, d.experts_per_rank);
+  OneRankPairPlan one_rank_plan{nullptr, nullptr, nullptr, pair_words};
+  if constexpr (kSingleRank && kExpertMajor) {
+    one_rank_plan.running = reinterpret_cast<int*>(s_send_plan + plan_offset);
+    one_rank_plan.totals = one_rank_plan.running + d.num_experts;
+    one_rank_plan.bits = reinterpret_cast<uint32_t*>(one_rank_plan.totals + d.num_experts);
+  }
   if (threadIdx.x == 0) s_invalid = 0;
   for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) s_tpe[e] = 0;
   // Expert-major: block 0 writes tokens_per_expert once the counts are in (place_groups).
@@ -1218,9 +1303,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t plan_built = 0;
   if constexpr (kSingleRank) {
     plan_built = ctx.profile != nullptr ? global_timer_ns() : 0;
-    single_rank_plan(ctx, args, seq, s_mask, s_tile_base,
-                     single_rank_tile_tokens(args.num_tokens, num_send_blocks), s_prefix,
-                     s_row_offset);
+    single_rank_plan<kExpertMajor>(ctx, args, seq, s_mask, s_tile_base,
+                                   single_rank_tile_tokens(args.num_tokens, num_send_blocks),
+                                   s_prefix, s_row_offset, one_rank_plan);
   } else {
     if (sender) {
       const int invalid = build_send_plan<kExpertMajor>(ctx, args, seq, s_mask, s_tile_base,
@@ -1240,7 +1325,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ctx.profile->role_end[kProfCounts] = now;
     }
   }
-  if constexpr (kExpertMajor) place_groups<kSingleRank>(ctx, args, seq, pair);
+  if constexpr (kExpertMajor) place_groups<kSingleRank>(ctx, args, seq, pair, one_rank_plan.totals);
   const int received = s_prefix[d.num_ranks];
   const int kept = min(received, args.capacity);
   uint64_t waited_ns = 0;  // thread 0 of a receiver block (profiling)
@@ -1525,21 +1610,42 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
   // share of receiver blocks: grid / divisor. With one rank every row is this
   // rank's own, stored by its sender straight into the outputs: nothing is
   // received, so every block sends (16 of 24 blocks copied at EP1 before).
-  const int grid = std::max(1, ctx.num_sms);
+  const bool single_rank = ctx.dims.num_ranks == 1;
+  const bool expert_major = args.pairs.num_rows > 0;
+  // One rank, expert-major: each block writes its row of plan_block_counts
+  // (HtPlanBlockRows rows).
+  const int grid = single_rank && expert_major
+                       ? std::max(1, std::min(ctx.num_sms, kHtOneRankPlanBlocks))
+                       : std::max(1, ctx.num_sms);
   const int num_send_blocks =
       grid == 1 || ctx.dims.num_ranks == 1
           ? grid
           : grid - std::max(1, grid / std::max(2, ctx.recv_divisor));
-  const bool single_rank = ctx.dims.num_ranks == 1;
-  const bool expert_major = args.pairs.num_rows > 0;
   const size_t plan_smem =
       single_rank ? dispatch_mask_bytes(args.num_tokens) + sizeof(int) * grid  // a base per block
                   : dispatch_smem_bytes(args.num_tokens, num_send_blocks * kWarps,
                                         ctx.dims.num_ranks);
   const size_t pair_offset = (plan_smem + 15) / 16 * 16;
-  const size_t smem =
+  size_t smem =
       expert_major ? pair_offset + pair_smem_bytes(ctx.dims.num_ranks, ctx.dims.experts_per_rank)
                    : plan_smem;
+  // One rank, expert-major: the pair plan's scratch, with sub-tiles as wide
+  // as the room left allows (at most kPairRankMaxWords words, no wider than
+  // a block's range).
+  size_t plan_offset = 0;
+  int pair_words = 0;
+  if (single_rank && expert_major) {
+    const int E = std::max(ctx.dims.num_experts, 1);
+    plan_offset = (smem + 15) / 16 * 16;
+    const size_t fixed = plan_offset + one_rank_pair_plan_bytes(E, 0);
+    const int max_words =
+        fixed < kDispatchMaxSmem ? static_cast<int>((kDispatchMaxSmem - fixed) / (sizeof(int) * E))
+                                 : 0;
+    const int range = single_rank_tile_tokens(args.num_tokens, grid);
+    pair_words = std::max(1, std::min({kPairRankMaxWords, max_words,
+                                       (range + kPairRankWordBits - 1) / kPairRankWordBits}));
+    smem = plan_offset + one_rank_pair_plan_bytes(E, pair_words);
+  }
   if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.experts_per_rank > 1024 ||
       (single_rank && grid > kMaxHtBlocks) ||
       args.row_bytes % 16 != 0 || args.row_bytes > ctx.buffers.row_bytes ||
@@ -1549,7 +1655,7 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
        (args.pairs.alignment < 1 || args.capacity < ctx.dims.num_ranks * args.num_tokens))) {
     return cudaErrorInvalidValue;
   }
-  using Kernel = void (*)(HtContext, HtDispatchArgs, int, int);
+  using Kernel = void (*)(HtContext, HtDispatchArgs, int, int, int, int);
   static constexpr Kernel kKernels[2][2][2] = {  // [scales][single rank][expert-major]
       {{ht_dispatch<false, false, false>, ht_dispatch<false, false, true>},
        {ht_dispatch<false, true, false>, ht_dispatch<false, true, true>}},
@@ -1557,7 +1663,8 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
        {ht_dispatch<true, true, false>, ht_dispatch<true, true, true>}}};
   const Kernel kernel = kKernels[args.scales != nullptr][single_rank][expert_major];
   kernel<<<grid, kThreads, smem, stream>>>(ctx, args, num_send_blocks,
-                                           static_cast<int>(pair_offset));
+                                           static_cast<int>(pair_offset),
+                                           static_cast<int>(plan_offset), pair_words);
   return cudaGetLastError();
 }
 

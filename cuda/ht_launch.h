@@ -30,7 +30,8 @@ constexpr int kHtMaxTokens = 65536;
 // out_tokens_per_expert counts the pairs kept per local expert and
 // out_num_dropped the pairs past M; out_recv_src, out_send_row and
 // out_num_tokens keep the token-major staging rows (capacity R * T). Needs
-// LaunchHtPairPlan on the same stream before. After a fault num_pairs is -1
+// LaunchHtPairPlan on the same stream before (at one rank it launches nothing:
+// the dispatch kernel ranks its own pairs). After a fault num_pairs is -1
 // and group_sizes 0.
 struct HtPairArgs {
   int num_rows;                  // M (0: a token-major dispatch)

@@ -22,34 +22,25 @@
 //   Nothing is reset: every plan rewrites every word it owns, and the next
 //   plan starts after the dispatch kernel that read this one ended (stream
 //   order).
+// At one rank neither kernel runs: each block of the dispatch kernel counts
+// and ranks its own range's pairs and sums the other blocks' counts
+// (ht_kernels.cu), with
+// the same block functions (ht_pair_rank.cuh), which saves two launches and
+// the gaps between them (docs/benchmarks.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "cuda/ht_launch.h"
+#include "cuda/ht_pair_rank.cuh"
 
 namespace jax_ep::cuda {
 namespace {
 
 constexpr int kPlanThreads = 512;
-constexpr int kWarpBits = 32;  // tokens per word of the sub-tile bits
 // Shared memory of ht_pair_rank: running counts [E] and the bits [E][W].
 constexpr size_t kPlanSmemBytes = 96 * 1024;
-constexpr int kPlanMaxWords = 32;  // at most 1024 tokens per sub-tile
-
-// Calls f(k, e) for each top-k entry of one token: e is the entry's expert if
-// k is the first entry naming that valid expert, else -1.
-template <typename F>
-__device__ __forceinline__ void for_each_pair(const int32_t* idx, int num_topk, int num_experts,
-                                              F f) {
-  for (int k = 0; k < num_topk; ++k) {
-    const int e = __ldg(idx + k);
-    bool first = e >= 0 && e < num_experts;
-    for (int j = 0; j < k && first; ++j) first = __ldg(idx + j) != e;
-    f(k, first ? e : -1);
-  }
-}
 
 __device__ __forceinline__ void block_range(int num_tokens, int* lo, int* hi) {
   const int per_block = (num_tokens + gridDim.x - 1) / gridDim.x;
@@ -65,11 +56,7 @@ __global__ void __launch_bounds__(kPlanThreads)
   __syncthreads();
   int lo, hi;
   block_range(num_tokens, &lo, &hi);
-  for (int t = lo + threadIdx.x; t < hi; t += blockDim.x) {
-    for_each_pair(topk_idx + static_cast<size_t>(t) * K, K, E, [&](int, int e) {
-      if (e >= 0) atomicAdd(&s_count[e], 1);
-    });
-  }
+  count_pair_range(topk_idx, lo, hi, K, E, s_count);
   __syncthreads();
   int32_t* out = ctx.buffers.plan_block_counts + static_cast<size_t>(blockIdx.x) * E;
   for (int e = threadIdx.x; e < E; e += blockDim.x) out[e] = s_count[e];
@@ -102,38 +89,8 @@ __global__ void __launch_bounds__(kPlanThreads)
   }
   int lo, hi;
   block_range(num_tokens, &lo, &hi);
-  const int tile = kWarpBits * words;
-  for (int first = lo; first < hi; first += tile) {
-    const int n = min(tile, hi - first);
-    for (int i = threadIdx.x; i < E * words; i += blockDim.x) s_bits[i] = 0u;
-    __syncthreads();  // also orders s_running's first writes before its reads
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      for_each_pair(topk_idx + static_cast<size_t>(first + i) * K, K, E, [&](int, int e) {
-        if (e >= 0) atomicOr(&s_bits[e * words + i / kWarpBits], 1u << (i % kWarpBits));
-      });
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      int32_t* ranks = b.plan_pair_rank + static_cast<size_t>(first + i) * K;
-      for_each_pair(topk_idx + static_cast<size_t>(first + i) * K, K, E, [&](int k, int e) {
-        int rank = -1;
-        if (e >= 0) {
-          const uint32_t* bits = s_bits + e * words;
-          rank = s_running[e];
-          for (int w = 0; w < i / kWarpBits; ++w) rank += __popc(bits[w]);
-          rank += __popc(bits[i / kWarpBits] & ((1u << (i % kWarpBits)) - 1u));
-        }
-        ranks[k] = rank;
-      });
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-      int count = 0;
-      for (int w = 0; w < words; ++w) count += __popc(s_bits[e * words + w]);
-      s_running[e] += count;
-    }
-    __syncthreads();  // the next sub-tile zeroes the bits only after these reads
-  }
+  rank_pair_range(topk_idx, lo, hi, K, E, words, s_running, s_bits, b.plan_pair_rank);
+  // Thread e wrote s_running[e] (or its last barrier ordered the writes).
   if (blockIdx.x == gridDim.x - 1) {
     for (int e = threadIdx.x; e < E; e += blockDim.x) b.plan_expert_totals[e] = s_running[e];
   }
@@ -144,12 +101,15 @@ __global__ void __launch_bounds__(kPlanThreads)
 cudaError_t LaunchHtPairPlan(const HtContext& ctx, const int32_t* topk_idx, int num_tokens,
                              cudaStream_t stream) {
   const int E = ctx.dims.num_experts;
+  if (ctx.dims.num_ranks == 1) return cudaSuccess;  // the dispatch kernel ranks its own tokens
   const int grid = std::max(1, std::min({kHtPlanBlocks, ctx.num_sms,
-                                         (num_tokens + kWarpBits - 1) / kWarpBits}));
+                                         (num_tokens + kPairRankWordBits - 1) /
+                                             kPairRankWordBits}));
   const int per_block = (num_tokens + grid - 1) / grid;
   const int max_words = static_cast<int>((kPlanSmemBytes / sizeof(int) - E) / std::max(E, 1));
-  const int words = std::max(1, std::min({kPlanMaxWords, max_words,
-                                          (per_block + kWarpBits - 1) / kWarpBits}));
+  const int words = std::max(1, std::min({kPairRankMaxWords, max_words,
+                                          (per_block + kPairRankWordBits - 1) /
+                                              kPairRankWordBits}));
   if (E <= 0 || max_words < 1 || num_tokens < 0) return cudaErrorInvalidValue;
   ht_pair_count<<<grid, kPlanThreads, E * sizeof(int), stream>>>(ctx, topk_idx, num_tokens);
   const size_t smem = (static_cast<size_t>(E) + static_cast<size_t>(E) * words) * sizeof(int);

@@ -38,8 +38,10 @@ constexpr int kHtChunkRows = 32;
 //                     tokens choosing that expert (-1 elsewhere)
 //   plan_*            this rank's own scratch (never read by peers), written by
 //                     the pair plan before the dispatch kernel reads it:
-//                     block_counts [kHtPlanBlocks][E], pair_rank [T][K],
-//                     expert_totals [E]
+//                     block_counts [HtPlanBlockRows(R)][E], pair_rank [T][K],
+//                     expert_totals [E] (at one rank the dispatch kernel
+//                     writes block_counts and pair_rank itself, in shared
+//                     memory the totals: ht_kernels.cu)
 struct HtBuffers {
   int32_t* counts;
   uint64_t* notify_flags;
@@ -61,8 +63,15 @@ struct HtBuffers {
 };
 
 // Most blocks of the pair plan's kernels (their per-block counts live in
-// plan_block_counts).
+// plan_block_counts). At one rank those kernels do not run: each block of
+// the expert-major dispatch kernel writes its own row, and that kernel's grid
+// is cut to kHtOneRankPlanBlocks (more than any GPU's SMs today).
 constexpr int kHtPlanBlocks = 64;
+constexpr int kHtOneRankPlanBlocks = 256;
+// Rows of plan_block_counts.
+constexpr int HtPlanBlockRows(int num_ranks) {
+  return num_ranks == 1 ? kHtOneRankPlanBlocks : kHtPlanBlocks;
+}
 
 struct HtContext {
   EpDims dims;

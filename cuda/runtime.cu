@@ -103,7 +103,7 @@ BufferLayout ComputeLayout(const EpDims& d, bool low_latency, bool high_throughp
     }
     layout.ht_expert_counts = take(2 * R * E_local * sizeof(int32_t));  // by seq parity
     layout.ht_recv_pair_rank = take(R * T * K * sizeof(int32_t));
-    layout.ht_plan_block_counts = take(kHtPlanBlocks * E * sizeof(int32_t));
+    layout.ht_plan_block_counts = take(HtPlanBlockRows(d.num_ranks) * E * sizeof(int32_t));
     layout.ht_plan_pair_rank = take(T * K * sizeof(int32_t));
     layout.ht_plan_expert_totals = take(E * sizeof(int32_t));
   }

@@ -42,6 +42,7 @@ from jax_ep.config import PROCESS_WIDE_FIELDS, EpConfig, check_compatible
 _ALIGN = 256
 _HT_CHUNK_ROWS = 32  # kHtChunkRows in cuda/ht_types.h
 _HT_PLAN_BLOCKS = 64  # kHtPlanBlocks in cuda/ht_types.h
+_HT_ONE_RANK_PLAN_BLOCKS = 256  # kHtOneRankPlanBlocks in cuda/ht_types.h
 
 
 def _align(value: int, alignment: int = _ALIGN) -> int:
@@ -115,7 +116,8 @@ def buffer_bytes_by_family(config: EpConfig | Sequence[EpConfig], num_ranks: int
                         r * t * k * 4, r * t * k * 4, r * -(-t // _HT_CHUNK_ROWS) * 4]
     for _ in range(2):
       high_throughput += [r * t * 2 * h, r * 8]
-    high_throughput += [2 * r * e_local * 4, r * t * k * 4, _HT_PLAN_BLOCKS * e * 4, t * k * 4,
+    plan_block_rows = _HT_ONE_RANK_PLAN_BLOCKS if r == 1 else _HT_PLAN_BLOCKS  # HtPlanBlockRows
+    high_throughput += [2 * r * e_local * 4, r * t * k * 4, plan_block_rows * e * 4, t * k * 4,
                         e * 4]
   return {"low_latency": sum(_align(s) for s in low_latency),
           "high_throughput": sum(_align(s) for s in high_throughput)}
