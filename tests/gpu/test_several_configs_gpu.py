@@ -21,10 +21,11 @@ def _configs():
   common = dict(fallback="error",
                 timeout_s=SHARED_GPU_TIMEOUT_S if gpus_shared() else TIMEOUT_S)
   # Every size differs, neither is the larger in all of them (the buffers are
-  # sized for E, T and T_ll of the first, H and K of the second).
-  a = jax_ep.EpConfig(num_experts=8 * r, hidden=256, max_tokens_per_rank=64, num_topk=4,
+  # sized for E, T and T_ll of the first, H and K of the second). The second's
+  # E is still >= its K at one rank.
+  a = jax_ep.EpConfig(num_experts=16 * r, hidden=256, max_tokens_per_rank=64, num_topk=4,
                       low_latency_max_tokens_per_rank=32, **common)
-  b = jax_ep.EpConfig(num_experts=4 * r, hidden=1024, max_tokens_per_rank=16, num_topk=8,
+  b = jax_ep.EpConfig(num_experts=8 * r, hidden=1024, max_tokens_per_rank=16, num_topk=8,
                       low_latency_max_tokens_per_rank=8, **common)
   return a, b
 
