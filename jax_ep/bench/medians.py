@@ -109,6 +109,15 @@ def summarize_sm_sweep(runs: Sequence[dict], names: Sequence[str]) -> list[dict]
   return out
 
 
+def _row_op(row: Mapping, name: str) -> str:
+  """The row's op: ``op``, or ``name`` in files written before 2026-12-01 (the
+  2026-11-30 JSONs in docs/results). Raises ValueError when it has neither."""
+  op = row.get("op", row.get("name"))
+  if op is None:
+    raise ValueError(f"{name}: a row without an op or name: {sorted(row)}")
+  return op
+
+
 def summarize(runs: Sequence[dict], names: Sequence[str]) -> dict:
   """{rows: [{op, system, median_us, min_us, max_us, runs, us, ...}], files, commit,
   num_ranks, tokens_per_rank, hidden, ..., and sm_sweep (summarize_sm_sweep) when
@@ -137,9 +146,9 @@ def summarize(runs: Sequence[dict], names: Sequence[str]) -> dict:
   failed: dict[tuple[str, str], int] = {}
   below_noise: dict[tuple[str, str], int] = {}
   unstable: dict[tuple[str, str], int] = {}
-  for run in runs:
+  for name, run in zip(names, runs):
     for row in run.get("rows", []):
-      key = (row["op"], row["system"])
+      key = (_row_op(row, name), row["system"])
       if key not in times:
         order.append(key)
         times[key], failed[key], below_noise[key], unstable[key] = [], 0, 0, 0

@@ -1,6 +1,8 @@
 """jax_ep.bench.medians: the median over runs of each row, and the refusals."""
 
+import glob
 import json
+import os
 
 import pytest
 
@@ -73,6 +75,35 @@ def test_main_writes_the_summary(tmp_path, capsys):
   assert medians.main(paths + ["--out", str(out)]) == 0
   assert "3.0 us" in capsys.readouterr().out
   assert json.loads(out.read_text())["rows"][0]["median_us"] == 3.0
+
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       "docs", "results")
+
+
+def test_rows_of_files_before_the_op_key_are_read_by_their_name():
+  """The 2026-11-30 JSONs name a row's op ``name``; both forms give one median."""
+  runs = [_run({"a": 3.0}), _run({"a": 1.0}), _run({"a": 2.0})]
+  for row in runs[1]["rows"]:
+    row["name"] = row.pop("op")
+  row = medians.summarize(runs, ["r1", "r2", "r3"])["rows"][0]
+  assert (row["op"], row["runs"], row["median_us"]) == ("a", 3, 2.0)
+  del runs[2]["rows"][0]["op"]
+  with pytest.raises(ValueError, match="r3: a row without an op or name"):
+    medians.summarize(runs, ["r1", "r2", "r3"])
+
+
+def test_the_published_runs_of_2026_11_30_have_medians():
+  """The five LL runs at 7c8c933 (docs/benchmarks.md, "Low latency: 128 tokens per
+  rank"): each run's FP8 dispatch is one of the six published times, and their
+  median is the middle one of the five."""
+  paths = sorted(glob.glob(os.path.join(RESULTS, "ll_2026-11-30_7c8c933*.json")))
+  assert len(paths) == 5
+  rows = {(row["op"], row["system"]): row for row in medians.load(paths)["rows"]}
+  fp8 = rows[("LL dispatch FP8", "jax_ep (cuda backend)")]
+  published = (24.1, 26.0, 27.3, 27.6, 30.3, 31.2)  # the six runs, sorted (one at 4884eb5)
+  assert all(round(us, 1) in published for us in fp8["us"]) and fp8["runs"] == 5
+  assert fp8["median_us"] == sorted(fp8["us"])[2]
 
 
 def _sweep_point(num_sms, us_by_key, failed=(), below_noise=()):
