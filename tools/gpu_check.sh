@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One command for the GPU machine: build in place, run the GPU tests, run the
 # benchmarks, print a short table last. Logs and JSON go to $OUT (default
-# /tmp/jax_ep_gpu_check).
+# /tmp/jax_ep_gpu_check), packed at the end (a device call returns at most 8
+# files): the logs in logs.tar.gz, the bench JSONs in results.tar.gz, beside
+# summary.txt, machine.txt and the PNGs.
 #
 #   tools/gpu_check.sh one-gpu [PHASE ...]
 #     ONE GPU shared by N processes (NVSHMEM's limited MPG mode): correctness
@@ -65,7 +67,32 @@ status=0
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
+# At most 8 files come back from a device call: the logs travel as logs.tar.gz
+# and the bench JSONs as results.tar.gz; summary.txt, machine.txt and the PNGs
+# stay as they are.
+pack_out() {
+  cp "$SUMMARY" "$OUT/summary.txt"
+  (
+    cd "$OUT" || exit
+    shopt -s nullglob
+    logs=(./*.log) jsons=(./*.json)
+    if (( ${#logs[@]} )); then tar -czf logs.tar.gz "${logs[@]}" && rm -f "${logs[@]}"; fi
+    if (( ${#jsons[@]} )); then tar -czf results.tar.gz "${jsons[@]}" && rm -f "${jsons[@]}"; fi
+  )
+}
+
 start=$(date +%s)
+# The commit the JSONs are named by (jax_ep/bench/provenance.py). The device
+# machine's copy of the tree has no .git, so the caller names it:
+#   JAX_EP_BENCH_COMMIT=$(git rev-parse --short HEAD) tools/gpu_check.sh ...
+if [[ -n "${JAX_EP_BENCH_COMMIT:-}" ]]; then
+  note "commit: $JAX_EP_BENCH_COMMIT (JAX_EP_BENCH_COMMIT)"
+elif head=$(git rev-parse --short HEAD 2>/dev/null); then
+  note "commit: $head (git here; JAX_EP_BENCH_COMMIT wins over a stale .git)"
+else
+  note "commit: UNKNOWN: no .git here and JAX_EP_BENCH_COMMIT is not set; the bench" \
+       "JSONs will be named <mode>_<date>_unknown.json and cannot be cited"
+fi
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv; nvidia-smi topo -m; } \
     > "$OUT/machine.txt" 2>&1
 echo "== build (JAX_EP_CUDA=ON, in place)"
@@ -91,9 +118,7 @@ if [[ "$WHAT" == one-gpu ]]; then
   source tools/gpu_check_one_gpu.sh
   run_one_gpu "$@"
   note "total time: $(( $(date +%s) - start )) s"
-  cp "$SUMMARY" "$OUT/summary.txt"
-  # At most 8 files come back from a device call: the logs travel as one archive.
-  (cd "$OUT" && tar -czf logs.tar.gz ./*.log && rm -f ./*.log)
+  pack_out
   echo
   echo "==================== summary ===================="
   cat "$SUMMARY"
@@ -170,6 +195,7 @@ if [[ ( "$WHAT" == all || "$WHAT" == bench || "$WHAT" == ht ) && -f jax_ep/bench
 fi
 
 note "total time: $(( $(date +%s) - start )) s"
+pack_out
 echo
 echo "==================== summary ===================="
 cat "$SUMMARY"
