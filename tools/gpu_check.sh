@@ -88,7 +88,8 @@ start=$(date +%s)
 if [[ -n "${JAX_EP_BENCH_COMMIT:-}" ]]; then
   note "commit: $JAX_EP_BENCH_COMMIT (JAX_EP_BENCH_COMMIT)"
 elif head=$(git rev-parse --short HEAD 2>/dev/null); then
-  note "commit: $head (git here; JAX_EP_BENCH_COMMIT wins over a stale .git)"
+  note "commit: $head (from the .git here; on the device machine it can be stale:" \
+       "JAX_EP_BENCH_COMMIT wins over it)"
 else
   note "commit: UNKNOWN: no .git here and JAX_EP_BENCH_COMMIT is not set; the bench" \
        "JSONs will be named <mode>_<date>_unknown.json and cannot be cited"

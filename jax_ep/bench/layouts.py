@@ -179,14 +179,15 @@ def rows(runner: measure.Runner, config: jax_ep.EpConfig, x: np.ndarray, q: np.n
   alignment_of = {name: a for a, name in EXPERT_MAJOR.items()}
   timed = []  # (what, system name, outcome)
   for name, op in dispatch_ops(config, num_local).items():
-    outcome = runner.time(f"dispatch BF16, {name}", op, [x, idx, w])
+    outcome = runner.time(f"dispatch BF16, {name}", op, [x, idx, w], profile=True)
     timed.append(("dispatch BF16", name, outcome))
   for name, op in fp8_dispatch_ops(config).items():
-    outcome = runner.time(f"dispatch FP8, {name}", op, [q, scales, idx, w])
+    outcome = runner.time(f"dispatch FP8, {name}", op, [q, scales, idx, w],
+                          profile=True)
     timed.append(("dispatch FP8", name, outcome))
   made = _combine_inputs(runner.mesh, config, num_local, x, idx, w)
   for name, op in combine_ops(config).items():
-    outcome = runner.time(f"combine BF16, {name}", op, made[name])
+    outcome = runner.time(f"combine BF16, {name}", op, made[name], profile=True)
     timed.append(("combine BF16", name, outcome))
   floor_rows = floors.layout_rows(runner, pair_rows_per_rank(config, num_ranks), config.hidden,
                                   scales.dtype, ranks_here)
