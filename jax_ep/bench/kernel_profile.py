@@ -56,7 +56,14 @@ def timeline(trace: list[list[int]]) -> dict[str, float]:
   (DeviceProfile::ht_trace rows, events in cuda/ep_types.h HtTraceEvent order:
   start, masks, scan, plan built, counts in, send end, receive end, end).
   Medians, because the first call of each execution waits for the other
-  process to launch it (milliseconds), which an average would spread over all."""
+  process to launch it (milliseconds), which an average would spread over all.
+
+  At one rank (ht_kernels.cu single_rank_plan) there is no count exchange:
+  "masks" is block 0's pass over its own tokens (their rank masks and, expert-
+  major, their pair counts), "scan" and "tile_bases" are about 0, and
+  "count_exchange" is the wait for every block's count, the column sums of the
+  blocks' pair counts and the ranking of block 0's pairs. "send_role" runs from
+  the start and holds the expert-major place_groups and the row stores."""
   rows = np.asarray(trace, dtype=np.int64)
   steps: dict[str, list[float]] = {}
   names = ("masks", "scan", "tile_bases", "count_exchange", "send_role", "recv_role", "kernel",
