@@ -21,7 +21,14 @@
 //   ranges     expand with block b's tokens one contiguous range, its warps'
 //              tokens 16 apart (the one-rank dispatch's split);
 //   meta       ranges plus the dispatch's per-pair words (expert, weight and
-//              staging row of each pair row; slot and pair row of each entry).
+//              staging row of each pair row; slot and pair row of each entry);
+//   dynamic    expand with each warp taking its next token from a counter in
+//              global memory (one atomicAdd per token, taken a token ahead),
+//              so faster SMs take more tokens than slower ones.
+// For the expanding designs the last launch's block start and end times
+// (globaltimer) are kept: `end_spread` = last block end - first block end,
+// `span` = last end - first start. A spread well above a token's time at one
+// SM says the SMs of a static split do not finish together.
 // Sums are checked bit for bit against the host; expand against its source.
 // Not part of the library; results in docs/benchmarks.md.
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o pair_combine_probe tools/pair_combine_probe.cu
@@ -51,7 +58,13 @@ constexpr int kPairs = kTokens * kTopk;
 using jax_ep::cuda::ld_v4_no_alloc;
 using jax_ep::cuda::st_na_v4;
 
-enum class Design { kRegs, kFold, kPipe, kAsync, kExpand, kWrite, kRanges, kMeta };
+enum class Design { kRegs, kFold, kPipe, kAsync, kExpand, kWrite, kRanges, kMeta, kDynamic };
+
+constexpr int kMaxGrid = 132;
+// Block b's start and end (ns) in the last launch: [2 * b], [2 * b + 1].
+__device__ unsigned long long g_block_times[2 * kMaxGrid];
+// kDynamic: the next token, and warps done (the last one resets both).
+__device__ unsigned int g_next_token, g_warps_done;
 
 // The kernels' own arithmetic (cuda/ht_row_elements.cuh): acc += the vector's
 // elements; the vector of 0.0f + acc, rounded (the one-rank combine's total).
@@ -82,6 +95,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int first = blockIdx.x * kWarps + warp, step = gridDim.x * kWarps;
   int folded = 0;
+  if (threadIdx.x == 0 && blockIdx.x < kMaxGrid) {
+    g_block_times[2 * blockIdx.x] = jax_ep::cuda::global_timer_ns();
+  }
   if constexpr (D == Design::kRegs || D == Design::kFold) {
     for (int t = first; t < kTokens; t += step) {
       const int pair_row = lane < kTopk ? rows[t * kTopk + lane] : 0;
@@ -187,6 +203,38 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
+  } else if constexpr (D == Design::kDynamic) {  // expand, tokens from g_next_token
+    auto take = [&] {
+      unsigned int t = 0;
+      if (lane == 0) t = atomicAdd(&g_next_token, 1u);
+      return static_cast<int>(__shfl_sync(~0u, t, 0));
+    };
+    int t = take();
+    while (t < kTokens) {
+      const int pair_row = lane < kTopk ? rows[t * kTopk + lane] : 0;
+      const int next = take();  // in flight while this token's rows go out
+      for (int base = 0; base < kVecPerRow; base += kRound) {
+        int4 v[kVec];
+#pragma unroll
+        for (int u = 0; u < kVec; ++u) {
+          v[u] = ld_v4_no_alloc(x + static_cast<size_t>(t) * kVecPerRow + base + u * 32 + lane,
+                                false);
+        }
+#pragma unroll
+        for (int q = 0; q < kTopk; ++q) {
+          int4* dst = out + static_cast<size_t>(__shfl_sync(~0u, pair_row, q)) * kVecPerRow + base;
+#pragma unroll
+          for (int u = 0; u < kVec; ++u) st_na_v4(dst + u * 32 + lane, v[u]);
+        }
+      }
+      t = next;
+    }
+    // Every warp has taken its last token (one past the end) before it
+    // counts itself done; the last one resets the counters for the next launch.
+    if (lane == 0 && atomicAdd(&g_warps_done, 1u) == gridDim.x * kWarps - 1) {
+      g_warps_done = 0;
+      g_next_token = 0;
+    }
   } else {  // kExpand, kWrite, kRanges, kMeta: x[t] to each of t's pair rows (out: pair rows)
     constexpr bool kSplit = D == Design::kRanges || D == Design::kMeta;
     const int range = (kTokens + gridDim.x - 1) / gridDim.x;
@@ -223,6 +271,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   if constexpr (D == Design::kFold) sink[blockIdx.x * kThreads + threadIdx.x] = folded;
+  __syncthreads();
+  if (threadIdx.x == 0 && blockIdx.x < kMaxGrid) {
+    g_block_times[2 * blockIdx.x + 1] = jax_ep::cuda::global_timer_ns();
+  }
 }
 
 __global__ void fill_bf16(uint16_t* y, size_t n, uint32_t seed) {
@@ -257,6 +309,7 @@ struct Result {
   float us, min_us;
   double gbps_per_sm;
   bool ok;
+  float end_spread_us, span_us;  // last launch, expanding designs (else 0)
 };
 
 int main(int argc, char** argv) {
@@ -320,7 +373,8 @@ int main(int argc, char** argv) {
   auto run = [&](const char* name, Design design, Kernel kernel, int threads, int vec, int stages,
                  int grid, bool contiguous) {
     const bool expands = design == Design::kExpand || design == Design::kWrite ||
-                         design == Design::kRanges || design == Design::kMeta;
+                         design == Design::kRanges || design == Design::kMeta ||
+                         design == Design::kDynamic;
     const size_t smem = design == Design::kAsync
                             ? static_cast<size_t>(threads / 32) * stages * kTopk * vec * 32 * 16
                             : 0;
@@ -350,12 +404,25 @@ int main(int argc, char** argv) {
     }
     const double us = per[3];
     const double gbps = pair_bytes / (us * 1e-6) / 1e9 / grid;
+    float end_spread = 0.0f, span = 0.0f;
+    if (expands && grid <= kMaxGrid) {
+      unsigned long long times[2 * kMaxGrid];
+      cudaMemcpyFromSymbol(times, g_block_times, sizeof(unsigned long long) * 2 * grid);
+      unsigned long long first_start = ~0ull, first_end = ~0ull, last_end = 0;
+      for (int b = 0; b < grid; ++b) {
+        first_start = std::min(first_start, times[2 * b]);
+        first_end = std::min(first_end, times[2 * b + 1]);
+        last_end = std::max(last_end, times[2 * b + 1]);
+      }
+      end_spread = (last_end - first_end) / 1e3f;
+      span = (last_end - first_start) / 1e3f;
+    }
     printf("%-7s %4d thr vec %d stages %d%s grid %3d: %7.1f us (min %7.1f) "
-           "%6.1f GB/s pairs per SM %s%s\n",
+           "%6.1f GB/s pairs per SM, block ends spread %5.1f us of %6.1f %s%s\n",
            name, threads, vec, stages, contiguous ? " contig" : "", grid, us, per[0], gbps,
-           ok ? "ok" : "WRONG ", err ? cudaGetErrorString(err) : "");
+           end_spread, span, ok ? "ok" : "WRONG ", err ? cudaGetErrorString(err) : "");
     results.push_back({contiguous ? "contig" : name, threads, vec, stages, grid,
-                       static_cast<float>(us), per[0], gbps, ok});
+                       static_cast<float>(us), per[0], gbps, ok, end_spread, span});
   };
   for (int grid : {24, 8}) {
     run("regs", Design::kRegs, pair_rows<512, 2, Design::kRegs, 0>, 512, 2, 0, grid, false);
@@ -372,6 +439,8 @@ int main(int argc, char** argv) {
     run("write", Design::kWrite, pair_rows<512, 14, Design::kWrite, 0>, 512, 14, 0, grid, false);
     run("ranges", Design::kRanges, pair_rows<512, 14, Design::kRanges, 0>, 512, 14, 0, grid, false);
     run("meta", Design::kMeta, pair_rows<512, 14, Design::kMeta, 0>, 512, 14, 0, grid, false);
+    run("dynamic", Design::kDynamic, pair_rows<512, 14, Design::kDynamic, 0>, 512, 14, 0, grid,
+        false);
   }
   if (json_path != nullptr) {
     FILE* f = std::fopen(json_path, "w");
@@ -388,9 +457,11 @@ int main(int argc, char** argv) {
         std::fprintf(f,
                      "  {\"design\": \"%s\", \"threads\": %d, \"vec\": %d, \"stages\": %d, "
                      "\"grid\": %d, \"us\": %.2f, \"min_us\": %.2f, \"pairs_gbps_per_sm\": %.1f, "
+                     "\"block_end_spread_us\": %.1f, \"block_span_us\": %.1f, "
                      "\"correct\": %s}%s\n",
                      r.name, r.threads, r.vec, r.stages, r.grid, r.us, r.min_us, r.gbps_per_sm,
-                     r.ok ? "true" : "false", i + 1 < results.size() ? "," : "");
+                     r.end_spread_us, r.span_us, r.ok ? "true" : "false",
+                     i + 1 < results.size() ? "," : "");
       }
       std::fprintf(f, " ]\n}\n");
       std::fclose(f);
