@@ -53,13 +53,15 @@
 //   does not void it (the next execution fails on it in the prepare stage).
 // expert-major dispatch (kExpertMajor; the pair plan, ht_pair_plan.cu, ran
 // before on this stream, but at one rank): the same kernel and steps, with
-//   1. at one rank, the pair plan in this kernel: block b counts its range's
-//     pairs per expert into plan_block_counts[b][*] before its ht_block_rows
-//     word (the block barrier, then the release); once it has acquired every
-//     block's word it sums the columns (volatile loads) into its base and the
-//     totals (shared memory) and ranks its own range's pairs into
-//     plan_pair_rank, which only its own send role reads (after a block
-//     barrier). The next dispatch rewrites both after this kernel ended.
+//   1. at one rank, the pair plan in this kernel: block b ranks its range's
+//     pairs among the range's own tokens into plan_pair_rank, which only its
+//     own send role reads (after block barriers), and writes its pairs per
+//     expert into plan_block_counts[b][*] before its ht_block_rows word (the
+//     block barrier, then the release); once it has acquired every block's
+//     word it sums the columns (volatile loads) into the totals and the
+//     pairs of the blocks before b (shared memory), which place_groups adds
+//     to b's group bases. The next dispatch rewrites both after this kernel
+//     ended.
 //   2. block 0 also writes this rank's tokens per local expert of each rank r
 //     (plan_expert_totals) into r's expert_counts[p][me][*] before the flags
 //     (every thread, then the block barrier, then the flag). Every block,
@@ -429,10 +431,10 @@ __device__ int build_send_plan(const HtContext& ctx, const HtDispatchArgs& args,
 }
 
 // The one-rank expert-major dispatch's pair plan, in dynamic shared memory
-// after the pair placement (PairSmem): running [E] (a block's pairs per
-// expert, then the pairs before its range, then those before its end),
-// totals [E] (every block's pairs per expert), bits [E][words] (a sub-tile of
-// rank_pair_range). Unused (null) elsewhere.
+// after the pair placement (PairSmem): running [E] (the block's pairs per
+// expert, counted by rank_pair_range from 0; after the wait, the pairs of the
+// blocks before it), totals [E] (every block's pairs per expert), bits
+// [E][words] (a sub-tile of rank_pair_range). Unused (null) elsewhere.
 struct OneRankPairPlan {
   int* running;
   int* totals;
@@ -455,14 +457,16 @@ __host__ __device__ constexpr size_t one_rank_pair_plan_bytes(int num_experts, i
 // Each block adds the out-of-range top-k entries of its range to num_invalid.
 // A timed-out wait counts that block as 0 rows (the fault is recorded).
 // Expert-major (kExpertMajor), in place of the pair plan's kernels: block b
-// also counts its range's pairs per expert (count_pair_range) and writes
-// them to plan_block_counts[b][*] before its word (the block barrier, then
-// the release); once it holds every block's word it sums the columns (the
-// blocks before b: its base; all of them: the totals, into pair.totals) and
-// ranks its range's pairs into plan_pair_rank (rank_pair_range), which its
-// send role reads back after the barrier that ends this. A timed-out word
-// leaves that block's counts of an earlier call in the sums: non-negative,
-// so every pair row stays in [0, M) or is dropped (place_pairs).
+// also ranks its range's pairs among the range's own tokens into
+// plan_pair_rank (rank_pair_range, from 0: before the wait, which then holds
+// only what needs the other blocks), which its send role reads back after the
+// barriers that end this, and writes its pairs per expert to
+// plan_block_counts[b][*] before its word (the block barrier, then the
+// release); once it holds every block's word it sums the columns (the blocks
+// before b into pair.running, which place_groups adds to b's bases; all of
+// them into pair.totals). A timed-out word leaves that block's counts of an
+// earlier call in the sums: non-negative, so every pair row stays in [0, M)
+// or is dropped (place_pairs).
 // All threads must call it.
 template <bool kExpertMajor>
 __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& args, uint32_t seq,
@@ -500,7 +504,6 @@ __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& arg
     s_mask[t] = static_cast<uint8_t>(mask);
     routed += mask != 0u ? 1 : 0;
   }
-  if constexpr (kExpertMajor) count_pair_range(args.topk_idx, lo, hi, K, E, pair.running);
   routed = __reduce_add_sync(0xffffffffu, routed);
   invalid = __reduce_add_sync(0xffffffffu, invalid);
   if (threadIdx.x % kWarpSize == 0) {
@@ -509,6 +512,13 @@ __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& arg
   }
   __syncthreads();  // s_mask, s_count, pair.running; block 0: the zeroing before it
   if constexpr (kExpertMajor) {
+    // The range's pairs ranked among the range's own tokens (running from 0:
+    // nothing here waits for another block); on return pair.running holds
+    // the range's pairs per expert. The blocks before this one are added to
+    // the group bases once their counts are in (place_groups).
+    rank_pair_range(args.topk_idx, lo, hi, K, E, pair.words, pair.running, pair.bits,
+                    ctx.buffers.plan_pair_rank);
+    __syncthreads();  // an empty range returns without a barrier
     int32_t* row = ctx.buffers.plan_block_counts + static_cast<size_t>(blockIdx.x) * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) row[e] = pair.running[e];
     __syncthreads();  // the row before the release below
@@ -546,22 +556,24 @@ __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& arg
   }
   if constexpr (kExpertMajor) {
     // The columns of plan_block_counts (written in this kernel by the blocks
-    // whose words were acquired above: volatile loads, not the L1), eight
-    // loads in flight per step.
+    // whose words were acquired above: volatile loads, not the L1), up to
+    // kColumnLoads loads in flight per step (one step at 24 SMs: this sits
+    // between the wait and the first row store).
+    constexpr int kColumnLoads = 24;
     const int num_blocks = static_cast<int>(gridDim.x), me = static_cast<int>(blockIdx.x);
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
       const uint32_t* column =
           reinterpret_cast<const uint32_t*>(ctx.buffers.plan_block_counts + e);
-      int before = 0, all = 0, other = 0;
-      for (; other < num_blocks; other += 8) {
-        int part[8];
+      int before = 0, all = 0;
+      for (int other = 0; other < num_blocks; other += kColumnLoads) {
+        int part[kColumnLoads];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < kColumnLoads; ++i) {
           const size_t row = static_cast<size_t>(other + i) * E;
           part[i] = other + i < num_blocks ? static_cast<int>(ld_volatile_u32(column + row)) : 0;
         }
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < kColumnLoads; ++i) {
           all += part[i];
           if (other + i < me) before += part[i];
         }
@@ -569,8 +581,6 @@ __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& arg
       pair.running[e] = before;
       pair.totals[e] = all;
     }
-    rank_pair_range(args.topk_idx, lo, hi, K, E, pair.words, pair.running, pair.bits,
-                    ctx.buffers.plan_pair_rank);
   }
   __syncthreads();
 }
@@ -699,11 +709,14 @@ __device__ void shared_exclusive_scan(int* values, int n, int* total) {
 // count exchange's flags acquired; at one rank `one_rank_totals`, this
 // block's sums of the plan's columns in shared memory): the groups, each
 // source's first row in each, and the padding ranges. Block 0 writes
-// tokens_per_expert, group_sizes, num_pairs and num_dropped. All threads
-// call it.
+// tokens_per_expert, group_sizes, num_pairs and num_dropped. At one rank the
+// block's own pair ranks count from its range's first token, so its base
+// also holds `one_rank_before`, the pairs of the blocks before it (its
+// column sums). All threads call it.
 template <bool kSingleRank>
 __device__ void place_groups(const HtContext& ctx, const HtDispatchArgs& args, uint32_t seq,
-                             const PairSmem& p, const int* one_rank_totals) {
+                             const PairSmem& p, const int* one_rank_totals,
+                             const int* one_rank_before) {
   const EpDims d = ctx.dims;
   const int R = d.num_ranks, El = d.experts_per_rank;
   const int M = args.pairs.num_rows, A = args.pairs.alignment;
@@ -727,6 +740,7 @@ __device__ void place_groups(const HtContext& ctx, const HtDispatchArgs& args, u
     const int start = p.group_start[e], full = p.group_pairs[e];
     const int padded = (full + A - 1) / A * A;
     for (int s = 0; s < R; ++s) p.base[s * El + e] += start;
+    if constexpr (kSingleRank) p.base[e] += one_rank_before[e];
     p.pad_first[e] = min(M, start + full);
     p.pad_prefix[e] = min(M, start + padded) - p.pad_first[e];
     const int room = max(M - start, 0);
@@ -966,7 +980,8 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     const float weight =
         lane < d.num_topk ? __ldg(args.topk_weights + t * d.num_topk + lane) : 0.0f;
     // The pair plan's rank of this entry: written by the kernel before this
-    // one, or at one rank by this block (single_rank_plan; not through __ldg).
+    // one, or at one rank by this block, counted from its range's first token
+    // (single_rank_plan; pair.base holds the blocks before; not through __ldg).
     int pair_rank = -1;
     if (kExpertMajor && lane < d.num_topk) {
       pair_rank = kSingleRank ? b.plan_pair_rank[t * d.num_topk + lane]
@@ -1325,7 +1340,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       ctx.profile->role_end[kProfCounts] = now;
     }
   }
-  if constexpr (kExpertMajor) place_groups<kSingleRank>(ctx, args, seq, pair, one_rank_plan.totals);
+  if constexpr (kExpertMajor) {
+    place_groups<kSingleRank>(ctx, args, seq, pair, one_rank_plan.totals, one_rank_plan.running);
+  }
   const int received = s_prefix[d.num_ranks];
   const int kept = min(received, args.capacity);
   uint64_t waited_ns = 0;  // thread 0 of a receiver block (profiling)

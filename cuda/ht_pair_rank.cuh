@@ -6,7 +6,8 @@
 //     [0, E) (a token naming e twice has one pair of e; -1 and entries outside
 //     [0, E) have none);
 //   * pair (t, e)'s rank is the number of tokens before t, in token order,
-//     with a pair of e.
+//     with a pair of e (the one-rank dispatch ranks from its block's first
+//     token and adds the blocks before it to the group's base).
 // Shared memory only; the callers own the global words (ht_types.h plan_*).
 #ifndef JAX_EP_CUDA_HT_PAIR_RANK_CUH_
 #define JAX_EP_CUDA_HT_PAIR_RANK_CUH_

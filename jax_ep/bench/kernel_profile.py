@@ -60,9 +60,9 @@ def timeline(trace: list[list[int]]) -> dict[str, float]:
 
   At one rank (ht_kernels.cu single_rank_plan) there is no count exchange:
   "masks" is block 0's pass over its own tokens (their rank masks and, expert-
-  major, their pair counts), "scan" and "tile_bases" are about 0, and
-  "count_exchange" is the wait for every block's count, the column sums of the
-  blocks' pair counts and the ranking of block 0's pairs. "send_role" runs from
+  major, the ranking of their pairs from its first token), "scan" and
+  "tile_bases" are about 0, and "count_exchange" is the wait for every block's
+  count and the column sums of the blocks' pair counts. "send_role" runs from
   the start and holds the expert-major place_groups and the row stores."""
   rows = np.asarray(trace, dtype=np.int64)
   steps: dict[str, list[float]] = {}
