@@ -39,13 +39,14 @@
 //   The only wait on a block of this kernel is every block's wait for block
 //   0's counts (block 0 publishes before it waits); a rank waits for a peer's
 //   rows only in step 4.
-// dispatch at one rank (R = 1; single_rank_plan): block b sends the tokens of
-//   its own contiguous range [b*L, b*L + L), L = ceil(T / G), G = grid, a
-//   warp's tokens kWarps apart. Steps 1-2 become: block b masks its range,
+// dispatch at one rank (R = 1; single_rank_plan): block b plans the tokens of
+//   its own contiguous range [b*L, b*L + L), L = ceil(T / G), G = grid, and
+//   sends them, a warp's tokens kWarps apart (expert-major: any warp sends
+//   any token, below). Steps 1-2 become: block b masks its range,
 //   writes counters->ht_block_rows[b] = (seq, its count) (st.release.gpu, after
 //   the barrier behind block 0's zeroing of tokens_per_expert and
 //   num_invalid) and waits for every block's word of this seq: the blocks
-//   before b give its first row, all of them the total. No parity: the next
+//   before j give range j's first row, all of them the total. No parity: the next
 //   dispatch starts after this kernel ended. Step 4 has no chunks (no tickets
 //   are taken); without the profile there is no last block: block 0 writes
 //   num_tokens, num_dropped and the sequence number (after its wait, so after
@@ -54,14 +55,16 @@
 // expert-major dispatch (kExpertMajor; the pair plan, ht_pair_plan.cu, ran
 // before on this stream, but at one rank): the same kernel and steps, with
 //   1. at one rank, the pair plan in this kernel: block b ranks its range's
-//     pairs among the range's own tokens into plan_pair_rank, which only its
-//     own send role reads (after block barriers), and writes its pairs per
-//     expert into plan_block_counts[b][*] before its ht_block_rows word (the
-//     block barrier, then the release); once it has acquired every block's
-//     word it sums the columns (volatile loads) into the totals and the
-//     pairs of the blocks before b (shared memory), which place_groups adds
-//     to b's group bases. The next dispatch rewrites both after this kernel
-//     ended.
+//     pairs among the range's own tokens into plan_pair_rank, writes its
+//     pairs per expert into plan_block_counts[b][*], its routed tokens'
+//     indices in the range into plan_token_slot and (block 0) ht_work_next =
+//     (seq, 0), all before its ht_block_rows word (the block barrier, then
+//     the release); once it has acquired every block's word it sums the
+//     columns (volatile loads) into the totals (shared memory) and the pairs
+//     of the blocks before b into plan_block_before[b][*], then sets
+//     ht_range_ready[b] = (seq, 0) (block barrier, st.release.gpu). The next
+//     dispatch rewrites all of them after this kernel ended; the words carry
+//     seq, so none is reset.
 //   2. block 0 also writes this rank's tokens per local expert of each rank r
 //     (plan_expert_totals) into r's expert_counts[p][me][*] before the flags
 //     (every thread, then the block barrier, then the flag). Every block,
@@ -70,6 +73,11 @@
 //     groups' pair counts rounded up to A; source s's pairs of e start after
 //     those of the sources before s. Block 0 writes tokens_per_expert,
 //     group_sizes, num_pairs and num_dropped.
+//   At one rank the send role's work is not split by block: every warp takes
+//     items (tokens, then the padding rows) from ht_work_next (atomicAdd,
+//     gpu scope), and before its first token of range v it acquires
+//     ht_range_ready[v] (bounded); rows and pair rows come from the plan, so
+//     they do not depend on which warp takes which token (dispatch_send_role).
 //   3. rows for peers also carry each entry's rank (recv_pair_rank: the pair
 //     plan's rank for entries choosing an expert of that peer, else -1),
 //     covered by the same chunk publication; this rank's own rows go straight
@@ -78,7 +86,8 @@
 //     staging row's slot_row and rows_by_expert.
 //   4. a chunk's rows are copied to their pair rows the same way (no staging
 //     row is written to the outputs). Receivers zero-fill the rows holding no
-//     pair (zero_pair_padding) instead of the staging padding.
+//     pair (zero_pair_padding; at one rank they were taken as items, above)
+//     instead of the staging padding.
 //   The staging capacity is every token of every rank (C >= R * T): nothing
 //   is dropped before the pairs are placed; pairs past M are dropped.
 // Buffer reuse:
@@ -430,11 +439,38 @@ __device__ int build_send_plan(const HtContext& ctx, const HtDispatchArgs& args,
   return invalid;
 }
 
+// In-place exclusive prefix sum of values[0, n) in shared memory, by warp 0
+// (a contiguous run per lane); *total gets the sum. All threads call it.
+__device__ void shared_exclusive_scan(int* values, int n, int* total) {
+  __syncthreads();
+  if (threadIdx.x < kWarpSize) {
+    const int lane = threadIdx.x;
+    const int per_lane = (n + kWarpSize - 1) / kWarpSize;
+    const int lo = min(n, lane * per_lane), hi = min(n, lo + per_lane);
+    int sum = 0;
+    for (int i = lo; i < hi; ++i) sum += values[i];
+    int inclusive = sum;
+#pragma unroll
+    for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+      const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+      if (lane >= offset) inclusive += other;
+    }
+    int running = inclusive - sum;
+    for (int i = lo; i < hi; ++i) {
+      const int v = values[i];
+      values[i] = running;
+      running += v;
+    }
+    if (lane == kWarpSize - 1) *total = inclusive;
+  }
+  __syncthreads();
+}
+
 // The one-rank expert-major dispatch's pair plan, in dynamic shared memory
 // after the pair placement (PairSmem): running [E] (the block's pairs per
-// expert, counted by rank_pair_range from 0; after the wait, the pairs of the
-// blocks before it), totals [E] (every block's pairs per expert), bits
-// [E][words] (a sub-tile of rank_pair_range). Unused (null) elsewhere.
+// expert, counted by rank_pair_range from 0), totals [E] (every block's pairs
+// per expert, after the wait), bits [E][words] (a sub-tile of
+// rank_pair_range). Unused (null) elsewhere.
 struct OneRankPairPlan {
   int* running;
   int* totals;
@@ -445,34 +481,62 @@ __host__ __device__ constexpr size_t one_rank_pair_plan_bytes(int num_experts, i
   return sizeof(int) * static_cast<size_t>(num_experts) * (2 + static_cast<size_t>(words));
 }
 
+// plan_token_slot[t] for the tokens t of [lo, hi): t's index among the
+// range's tokens with s_mask[t] != 0 (in token order), -1 for the others. All
+// threads call it; it ends on a barrier.
+__device__ void write_token_slots(const uint8_t* s_mask, int lo, int hi, int32_t* token_slot) {
+  __shared__ int s_warp_routed[kWarps];
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  int running = 0;  // the range's routed tokens before `first` (every thread)
+  for (int first = lo; first < hi; first += blockDim.x) {  // block-uniform
+    const int t = first + static_cast<int>(threadIdx.x);
+    const bool routed = t < hi && s_mask[t] != 0u;
+    const uint32_t ballot = __ballot_sync(0xffffffffu, routed);
+    if (lane == 0) s_warp_routed[warp] = __popc(ballot);
+    __syncthreads();
+    int before = running + __popc(ballot & ((1u << lane) - 1u));
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < warp) before += s_warp_routed[w];
+      running += s_warp_routed[w];
+    }
+    if (t < hi) token_slot[t] = routed ? before : -1;
+    __syncthreads();  // s_warp_routed is rewritten by the next step
+  }
+  __syncthreads();  // an empty range: still a barrier
+}
+
 // One rank's send plan and count exchange, in place of build_send_plan and
 // the R x R count exchange (every row is this rank's own): block b masks the
 // tokens of its own range [lo, lo + L), L = single_rank_tile_tokens, in
 // s_mask (1: the token has a valid expert), publishes its count of them as
 // ht_block_rows[b] = (seq, count) (st.release.gpu, after the barrier that
 // follows block 0's zeroing of tokens_per_expert and num_invalid), and waits
-// (bounded) for every block's word of this seq: its first row (the counts of
-// the blocks before it, s_tile_base[b]) and the total (s_prefix). No parity:
+// (bounded) for every block's word of this seq: block j's first row (the
+// counts of the blocks before it) in s_tile_base[j], for every j, and the
+// total (s_prefix). No parity:
 // the next dispatch's kernel starts after this one ended (stream order).
 // Each block adds the out-of-range top-k entries of its range to num_invalid.
 // A timed-out wait counts that block as 0 rows (the fault is recorded).
 // Expert-major (kExpertMajor), in place of the pair plan's kernels: block b
 // also ranks its range's pairs among the range's own tokens into
 // plan_pair_rank (rank_pair_range, from 0: before the wait, which then holds
-// only what needs the other blocks), which its send role reads back after the
-// barriers that end this, and writes its pairs per expert to
-// plan_block_counts[b][*] before its word (the block barrier, then the
-// release); once it holds every block's word it sums the columns (the blocks
-// before b into pair.running, which place_groups adds to b's bases; all of
-// them into pair.totals). A timed-out word leaves that block's counts of an
-// earlier call in the sums: non-negative, so every pair row stays in [0, M)
-// or is dropped (place_pairs).
+// only what needs the other blocks), and writes its pairs per expert to
+// plan_block_counts[b][*], each routed token's index among the range's routed
+// tokens to plan_token_slot (write_token_slots) and, block 0, ht_work_next =
+// (seq, 0), all before its word (the block barrier, then the release); once
+// it holds every block's word it sums the columns: the blocks before b into
+// plan_block_before[b][*], then (block barrier, st.release.gpu)
+// ht_range_ready[b] = (seq, 0); all of them into pair.totals. Every warp of
+// every block may then take tokens of b's range (dispatch_send_role). A
+// timed-out word leaves that block's counts of an earlier call in the sums
+// (zero before the first call): non-negative, so every pair row stays in
+// [0, M) or is dropped (place_pairs).
 // All threads must call it.
 template <bool kExpertMajor>
 __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& args, uint32_t seq,
                                  uint8_t* s_mask, int* s_tile_base, int tile_tokens,
                                  int* s_prefix, int* s_row_offset, const OneRankPairPlan& pair) {
-  __shared__ int s_count, s_before, s_total, s_invalid_here;
+  __shared__ int s_count, s_total, s_invalid_here;
   const EpDims d = ctx.dims;
   const int T = args.num_tokens;
   const int K = d.num_topk;
@@ -480,7 +544,7 @@ __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& arg
   const int lo = min(T, static_cast<int>(blockIdx.x) * tile_tokens);
   const int hi = min(T, lo + tile_tokens);
   const ExpertRank rank_of(d.experts_per_rank);
-  if (threadIdx.x == 0) s_count = s_before = s_total = s_invalid_here = 0;
+  if (threadIdx.x == 0) s_count = s_invalid_here = 0;
   if constexpr (kExpertMajor) {
     for (int e = threadIdx.x; e < E; e += blockDim.x) pair.running[e] = 0;
   }
@@ -514,14 +578,19 @@ __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& arg
   if constexpr (kExpertMajor) {
     // The range's pairs ranked among the range's own tokens (running from 0:
     // nothing here waits for another block); on return pair.running holds
-    // the range's pairs per expert. The blocks before this one are added to
-    // the group bases once their counts are in (place_groups).
+    // the range's pairs per expert. The blocks before this one come in
+    // through plan_block_before once their counts are in.
     rank_pair_range(args.topk_idx, lo, hi, K, E, pair.words, pair.running, pair.bits,
                     ctx.buffers.plan_pair_rank);
     __syncthreads();  // an empty range returns without a barrier
     int32_t* row = ctx.buffers.plan_block_counts + static_cast<size_t>(blockIdx.x) * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) row[e] = pair.running[e];
-    __syncthreads();  // the row before the release below
+    write_token_slots(s_mask, lo, hi, ctx.buffers.plan_token_slot);  // ends on a barrier
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      // Before block 0's word below (same thread, then the release): a warp
+      // takes its first item only after it holds every block's word.
+      ctx.counters->ht_work_next = make_flag(seq, 0u);
+    }
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) ht_trace(ctx, seq, kTraceMasks);
   if (threadIdx.x == 0) {
@@ -532,23 +601,16 @@ __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& arg
     ht_trace(ctx, seq, kTraceScan);  // no scan at one rank: the block's count is out
     ht_trace(ctx, seq, kTracePlanBuilt);
   }
-  int count = 0, count_before = 0;
-  for (int j = threadIdx.x; j < static_cast<int>(gridDim.x); j += blockDim.x) {
+  // Every block's count, then their exclusive scan: s_tile_base[j] is block
+  // j's first row (the expert-major warps take tokens of every range).
+  const int num_blocks = static_cast<int>(gridDim.x);
+  for (int j = threadIdx.x; j < num_blocks; j += blockDim.x) {
     const uint32_t got = wait_flag(ctx.counters->ht_block_rows + j, seq, ctx.timeout_ns,
                                    ctx.status, kOpHtNotify, d.rank, j, /*gpu_scope=*/true);
-    const int rows = got == kFlagTimedOut ? 0 : static_cast<int>(got);
-    count += rows;
-    if (j < static_cast<int>(blockIdx.x)) count_before += rows;
+    s_tile_base[j] = got == kFlagTimedOut ? 0 : static_cast<int>(got);
   }
-  const int before = __reduce_add_sync(0xffffffffu, count_before);
-  const int all = __reduce_add_sync(0xffffffffu, count);
-  if (threadIdx.x % kWarpSize == 0 && all != 0) {
-    atomicAdd(&s_total, all);
-    if (before) atomicAdd(&s_before, before);
-  }
-  __syncthreads();  // every block's count acquired: block 0's zeroing precedes the adds
+  shared_exclusive_scan(s_tile_base, num_blocks, &s_total);  // barriers before and after
   if (threadIdx.x == 0) {
-    s_tile_base[blockIdx.x] = s_before;
     s_prefix[0] = 0;
     s_prefix[1] = s_total;
     s_row_offset[0] = 0;
@@ -558,9 +620,12 @@ __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& arg
     // The columns of plan_block_counts (written in this kernel by the blocks
     // whose words were acquired above: volatile loads, not the L1), up to
     // kColumnLoads loads in flight per step (one step at 24 SMs: this sits
-    // between the wait and the first row store).
+    // between the wait and the first row store). The blocks before this one
+    // go to plan_block_before[b] (then its ht_range_ready word), all of them
+    // into pair.totals.
     constexpr int kColumnLoads = 24;
-    const int num_blocks = static_cast<int>(gridDim.x), me = static_cast<int>(blockIdx.x);
+    const int me = static_cast<int>(blockIdx.x);
+    int32_t* before_row = ctx.buffers.plan_block_before + static_cast<size_t>(me) * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
       const uint32_t* column =
           reinterpret_cast<const uint32_t*>(ctx.buffers.plan_block_counts + e);
@@ -578,11 +643,14 @@ __device__ void single_rank_plan(const HtContext& ctx, const HtDispatchArgs& arg
           if (other + i < me) before += part[i];
         }
       }
-      pair.running[e] = before;
+      before_row[e] = before;
       pair.totals[e] = all;
     }
   }
   __syncthreads();
+  if (kExpertMajor && threadIdx.x == 0) {
+    st_release_gpu(ctx.counters->ht_range_ready + blockIdx.x, make_flag(seq, 0u));
+  }
 }
 
 // Token t's row on each rank (lane r < R; -1 where it does not go or lands
@@ -678,45 +746,17 @@ __device__ __forceinline__ PairSmem pair_smem(uint8_t* at, int num_ranks, int ex
   return s;
 }
 
-// In-place exclusive prefix sum of values[0, n) in shared memory, by warp 0
-// (a contiguous run per lane); *total gets the sum. All threads call it.
-__device__ void shared_exclusive_scan(int* values, int n, int* total) {
-  __syncthreads();
-  if (threadIdx.x < kWarpSize) {
-    const int lane = threadIdx.x;
-    const int per_lane = (n + kWarpSize - 1) / kWarpSize;
-    const int lo = min(n, lane * per_lane), hi = min(n, lo + per_lane);
-    int sum = 0;
-    for (int i = lo; i < hi; ++i) sum += values[i];
-    int inclusive = sum;
-#pragma unroll
-    for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-      const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-      if (lane >= offset) inclusive += other;
-    }
-    int running = inclusive - sum;
-    for (int i = lo; i < hi; ++i) {
-      const int v = values[i];
-      values[i] = running;
-      running += v;
-    }
-    if (lane == kWarpSize - 1) *total = inclusive;
-  }
-  __syncthreads();
-}
-
 // Every block, once the counts per (source, local expert) are readable (the
 // count exchange's flags acquired; at one rank `one_rank_totals`, this
 // block's sums of the plan's columns in shared memory): the groups, each
 // source's first row in each, and the padding ranges. Block 0 writes
-// tokens_per_expert, group_sizes, num_pairs and num_dropped. At one rank the
-// block's own pair ranks count from its range's first token, so its base
-// also holds `one_rank_before`, the pairs of the blocks before it (its
-// column sums). All threads call it.
+// tokens_per_expert, group_sizes, num_pairs and num_dropped. (At one rank a
+// pair's rank counts from its block range's first token: the sender adds
+// the blocks before that range, plan_block_before, to its rank.) All threads
+// call it.
 template <bool kSingleRank>
 __device__ void place_groups(const HtContext& ctx, const HtDispatchArgs& args, uint32_t seq,
-                             const PairSmem& p, const int* one_rank_totals,
-                             const int* one_rank_before) {
+                             const PairSmem& p, const int* one_rank_totals) {
   const EpDims d = ctx.dims;
   const int R = d.num_ranks, El = d.experts_per_rank;
   const int M = args.pairs.num_rows, A = args.pairs.alignment;
@@ -740,7 +780,6 @@ __device__ void place_groups(const HtContext& ctx, const HtDispatchArgs& args, u
     const int start = p.group_start[e], full = p.group_pairs[e];
     const int padded = (full + A - 1) / A * A;
     for (int s = 0; s < R; ++s) p.base[s * El + e] += start;
-    if constexpr (kSingleRank) p.base[e] += one_rank_before[e];
     p.pad_first[e] = min(M, start + full);
     p.pad_prefix[e] = min(M, start + padded) - p.pad_first[e];
     const int room = max(M - start, 0);
@@ -827,33 +866,45 @@ __device__ __forceinline__ int place_pairs(const HtPairArgs& pairs, const int* s
 // moves forward, so a warp reads each group's bounds once and a call without
 // padding (A = 1, every group full) does no per-group work at all. (Walking
 // every group with two remainders each cost every warp about 11,000
-// instructions, padding or not.)
+// instructions, padding or not.) zero_pair_padding_row zeroes padding row j,
+// `group` the warp's running index (start at 0; the warp's j only grow).
+// padding_rows_taken: the one-rank expert-major dispatch's warps took the
+// padding rows as work items (dispatch_send_role); only the staging rows are
+// left here.
+template <bool kHasScales>
+__device__ __forceinline__ void zero_pair_padding_row(const HtDispatchArgs& args,
+                                                      const PairSmem& p, int j, int* group,
+                                                      int lane) {
+  int e = *group;
+  while (p.pad_prefix[e + 1] <= j) ++e;  // stops at e <= El: pad_prefix[El + 1] > j
+  *group = e;
+  const int row = p.pad_first[e] + (j - p.pad_prefix[e]);
+  const int num_vec = static_cast<int>(args.row_bytes / 16);
+  int4* dst = reinterpret_cast<int4*>(static_cast<char*>(args.out_x) +
+                                      static_cast<size_t>(row) * args.out_row_stride);
+  for (int v = lane; v < num_vec; v += kWarpSize) st_na_v4(dst + v, make_int4(0, 0, 0, 0));
+  if constexpr (kHasScales) {
+    auto* scales = reinterpret_cast<uint32_t*>(static_cast<char*>(args.out_scales) +
+                                               static_cast<size_t>(row) * args.scale_bytes);
+    for (int i = lane; i < static_cast<int>(args.scale_bytes / 4); i += kWarpSize) {
+      scales[i] = 0u;
+    }
+  }
+  if (lane == 0) {
+    args.pairs.out_pair_expert[row] = -1;
+    args.pairs.out_pair_weight[row] = 0.0f;
+    args.pairs.out_pair_src[row] = -1;
+  }
+}
 template <bool kHasScales>
 __device__ void zero_pair_padding(const HtContext& ctx, const HtDispatchArgs& args,
                                   const PairSmem& p, int received, int worker, int num_workers,
-                                  int lane) {
+                                  int lane, bool padding_rows_taken) {
   const int El = ctx.dims.experts_per_rank, K = ctx.dims.num_topk;
-  const int num_vec = static_cast<int>(args.row_bytes / 16);
-  const int num_padding = p.pad_prefix[El + 1];
-  int e = 0;
+  const int num_padding = padding_rows_taken ? 0 : p.pad_prefix[El + 1];
+  int group = 0;
   for (int j = worker; j < num_padding; j += num_workers) {
-    while (p.pad_prefix[e + 1] <= j) ++e;  // stops at e <= El: pad_prefix[El + 1] > j
-    const int row = p.pad_first[e] + (j - p.pad_prefix[e]);
-    int4* dst = reinterpret_cast<int4*>(static_cast<char*>(args.out_x) +
-                                        static_cast<size_t>(row) * args.out_row_stride);
-    for (int v = lane; v < num_vec; v += kWarpSize) st_na_v4(dst + v, make_int4(0, 0, 0, 0));
-    if constexpr (kHasScales) {
-      auto* scales = reinterpret_cast<uint32_t*>(static_cast<char*>(args.out_scales) +
-                                                 static_cast<size_t>(row) * args.scale_bytes);
-      for (int i = lane; i < static_cast<int>(args.scale_bytes / 4); i += kWarpSize) {
-        scales[i] = 0u;
-      }
-    }
-    if (lane == 0) {
-      args.pairs.out_pair_expert[row] = -1;
-      args.pairs.out_pair_weight[row] = 0.0f;
-      args.pairs.out_pair_src[row] = -1;
-    }
+    zero_pair_padding_row<kHasScales>(args, p, j, &group, lane);
   }
   for (int row = received + worker; row < args.capacity; row += num_workers) {
     if (lane < K) {
@@ -918,12 +969,26 @@ static_assert(publish_tokens(7168 * 2) == 4 && publish_tokens(7168) == 8, "see a
 // kExpertMajor: rows for this rank itself go straight to each of the token's
 // pair rows (pair.base[me]); peers get the token-major row plus each entry's
 // rank (recv_pair_rank), and place its pairs when they copy it out.
+// Both (one rank, expert-major; kTaken): the work is not split by block. Each
+// warp takes items from ctx.counters->ht_work_next (atomicAdd, one item
+// ahead): item i < T is token i, item T + j < T + (padding rows) is padding
+// row j (zero_pair_padding_row); past those the warp is done. The static
+// split's blocks ended up to about 90 us apart on 400 us of expansion (SMs do
+// not store at the same rate: tools/pair_combine_probe.cu, 2026-12-06); taken
+// work ends them within a token or two. What goes where does not depend on
+// who takes it: token t of block range v = t / L has staging row
+// s_tile_base[v] + plan_token_slot[t], and its pair of expert e has row
+// group_start[e] + plan_block_before[v][e] + plan_pair_rank[t][k], once the
+// warp holds v's ht_range_ready word (its items only grow, so it waits for
+// each range's word at most once).
 template <bool kHasScales, bool kSingleRank, bool kExpertMajor>
 __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const HtDispatchArgs& args,
-                                                   int send_block, int num_send_blocks,
-                                                   int* s_tpe, const int* s_row_offset,
+                                                   uint32_t seq, int send_block,
+                                                   int num_send_blocks, int* s_tpe,
+                                                   const int* s_row_offset,
                                                    const uint8_t* s_mask, const int* s_tile_base,
                                                    const PairSmem& pair) {
+  constexpr bool kTaken = kSingleRank && kExpertMajor;
   // Where rows for rank r go: r's recv_x, or this rank's XLA output for r == me.
   __shared__ char* s_dst_x[kHtMaxRanks];
   __shared__ size_t s_dst_stride[kHtMaxRanks];
@@ -957,11 +1022,34 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   const int first_token =
       kSingleRank ? send_block * tile_tokens + warp : send_block * kWarps + warp;
   const int token_step = kSingleRank ? kWarps : tile_tokens;
-  const int token_end =
-      kSingleRank ? min(args.num_tokens, (send_block + 1) * tile_tokens) : args.num_tokens;
+  const int token_end = kSingleRank && !kTaken
+                            ? min(args.num_tokens, (send_block + 1) * tile_tokens)
+                            : args.num_tokens;
+  // kTaken: lane 0's last word of ht_work_next (the warp's next item, in
+  // flight while the current one is worked on); items past the work, and a
+  // word of another call (only after a timed-out wait: the call is void),
+  // end the warp's work.
+  unsigned long long taken = 0ull;
+  const auto take = [&] {
+    if (lane == 0) {
+      taken = atomicAdd(reinterpret_cast<unsigned long long*>(&ctx.counters->ht_work_next), 1ull);
+    }
+  };
+  const auto taken_item = [&]() -> int {
+    const uint64_t word = __shfl_sync(0xffffffffu, static_cast<uint64_t>(taken), 0);
+    return flag_seq(word) == seq && flag_value(word) < 0x40000000u
+               ? static_cast<int>(flag_value(word))
+               : 0x40000000;
+  };
+  int ready_range = -1;  // kTaken: the latest range whose ht_range_ready word this warp holds
+  int item = first_token;
+  if constexpr (kTaken) {
+    take();
+    item = taken_item();
+  }
   // Token t's rows are worked out while the loads of the token before are in
   // flight (shared-memory ballots, no global round trip on the way).
-  int next_row = first_token < token_end
+  int next_row = !kTaken && first_token < token_end
                      ? token_row(s_mask, s_tile_base, s_row_offset, first_token, tile_tokens, R,
                                  args.capacity, lane)
                      : -1;
@@ -970,12 +1058,35 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
   int held_chunks[kMaxHeldTokens];
   int num_held = 0;
   const int tokens_per_publication = publish_tokens(args.row_bytes);
-  for (int t = first_token; t < token_end; t += token_step) {
+  for (; item < token_end; item = kTaken ? taken_item() : item + token_step) {
+    const int t = item;
+    if constexpr (kTaken) take();  // the next item, while this token's rows go out
     // Every load of token t goes out before its first store: its top-k and
     // weights (lane k), its scales and the first batch of its row. One
     // dependent load round trip per token, not one per destination and field
     // (the per-row cost the token sweep of 2026-11-30 showed).
-    const int my_row = next_row;
+    int my_row = next_row;
+    const int range = kTaken ? t / tile_tokens : 0;
+    if constexpr (kTaken) {
+      if (range != ready_range) {
+        if (lane == 0) {
+          wait_flag(ctx.counters->ht_range_ready + range, seq, ctx.timeout_ns, ctx.status,
+                    kOpHtNotify, d.rank, range, /*gpu_scope=*/true);
+        }
+        __syncwarp();
+        ready_range = range;
+      }
+      // Written in this kernel by the range's block before its word: volatile
+      // loads (not the L1). Past the capacity (only after a timed-out wait):
+      // dropped.
+      my_row = -1;
+      if (lane == 0) {
+        const int slot = static_cast<int>(
+            ld_volatile_u32(reinterpret_cast<const uint32_t*>(b.plan_token_slot) + t));
+        const int row = s_tile_base[range] + slot;
+        if (slot >= 0 && row < args.capacity) my_row = row;
+      }
+    }
     const int expert = lane < d.num_topk ? __ldg(args.topk_idx + t * d.num_topk + lane) : -1;
     const float weight =
         lane < d.num_topk ? __ldg(args.topk_weights + t * d.num_topk + lane) : 0.0f;
@@ -984,7 +1095,9 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     // (single_rank_plan; pair.base holds the blocks before; not through __ldg).
     int pair_rank = -1;
     if (kExpertMajor && lane < d.num_topk) {
-      pair_rank = kSingleRank ? b.plan_pair_rank[t * d.num_topk + lane]
+      pair_rank = kSingleRank ? static_cast<int>(ld_volatile_u32(
+                                    reinterpret_cast<const uint32_t*>(b.plan_pair_rank) +
+                                    t * d.num_topk + lane))
                               : __ldg(b.plan_pair_rank + t * d.num_topk + lane);
     }
     const uint32_t* src_scales = nullptr;
@@ -999,7 +1112,7 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
     int4 batch[kUnroll];
     warp_load_batch(batch, src, 0, num_vec, lane);
     if (lane < R) args.out_send_row[t * R + lane] = my_row;
-    if (t + token_step < token_end) {
+    if (!kTaken && t + token_step < token_end) {
       next_row = token_row(s_mask, s_tile_base, s_row_offset, t + token_step, tile_tokens, R,
                            args.capacity, lane);
     }
@@ -1012,6 +1125,14 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
       if (self_row >= 0) {
         const bool mine = lane < d.num_topk && expert >= 0 && expert < d.num_experts &&
                           rank_of(expert) == d.rank;
+        if (kTaken && mine && pair_rank >= 0) {
+          // The pairs of the blocks before the token's range (at one rank
+          // expert = local expert; its group's start is in pair.base).
+          const int before = static_cast<int>(ld_volatile_u32(
+              reinterpret_cast<const uint32_t*>(b.plan_block_before) +
+              static_cast<size_t>(range) * d.num_experts + expert));
+          pair_rank = before >= 0 && before <= args.pairs.num_rows ? pair_rank + before : -1;
+        }
         self_pair_row = place_pairs(args.pairs, pair.base + d.rank * d.experts_per_rank,
                                     self_row, mine ? expert - d.rank * d.experts_per_rank : -1,
                                     mine ? weight : 0.0f, mine ? pair_rank : -1, d.num_topk,
@@ -1103,6 +1224,16 @@ __device__ __forceinline__ void dispatch_send_role(const HtContext& ctx, const H
       if (chunk >= 0) red_add_relaxed_sys(counters + chunk, 1u);
     }
     num_held = 0;
+  }
+  if constexpr (kTaken) {
+    // The padding rows, as items after the tokens (place_groups laid them
+    // out in this block's shared memory, the same in every block).
+    const int num_padding = pair.pad_prefix[d.experts_per_rank + 1];
+    int group = 0;
+    for (; item < token_end + num_padding; item = taken_item()) {
+      take();
+      zero_pair_padding_row<kHasScales>(args, pair, item - token_end, &group, lane);
+    }
   }
 }
 
@@ -1241,8 +1372,9 @@ __device__ __forceinline__ uint64_t dispatch_recv_role(const HtContext& ctx,
   }
   if (recv_block < 0) return waited_ns;
   if constexpr (kExpertMajor) {
+    // At one rank the send role's warps took the padding rows (work items).
     zero_pair_padding<kHasScales>(ctx, args, pair, kept, recv_block * kWarps + warp,
-                                  num_recv_blocks * kWarps, lane);
+                                  num_recv_blocks * kWarps, lane, /*padding_rows_taken=*/R == 1);
   } else {
     // Padding rows [kept, capacity).
     for (int row = kept + recv_block * kWarps + warp; row < args.capacity;
@@ -1341,14 +1473,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   if constexpr (kExpertMajor) {
-    place_groups<kSingleRank>(ctx, args, seq, pair, one_rank_plan.totals, one_rank_plan.running);
+    place_groups<kSingleRank>(ctx, args, seq, pair, one_rank_plan.totals);
   }
   const int received = s_prefix[d.num_ranks];
   const int kept = min(received, args.capacity);
   uint64_t waited_ns = 0;  // thread 0 of a receiver block (profiling)
   if (sender) {
     dispatch_send_role<kHasScales, kSingleRank, kExpertMajor>(
-        ctx, args, blockIdx.x, num_send_blocks, s_tpe, s_row_offset, s_mask, s_tile_base, pair);
+        ctx, args, seq, blockIdx.x, num_send_blocks, s_tpe, s_row_offset, s_mask, s_tile_base,
+        pair);
     __syncthreads();
     ht_profile_role_end(ctx, kProfDispatchSend);
   }

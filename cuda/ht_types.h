@@ -41,7 +41,12 @@ constexpr int kHtChunkRows = 32;
 //                     block_counts [HtPlanBlockRows(R)][E], pair_rank [T][K],
 //                     expert_totals [E] (at one rank the dispatch kernel
 //                     writes block_counts and pair_rank itself, in shared
-//                     memory the totals: ht_kernels.cu)
+//                     memory the totals: ht_kernels.cu); at one rank also
+//                     block_before [kHtOneRankPlanBlocks][E] (row b: the
+//                     pairs per expert of the blocks before b) and
+//                     token_slot [T] (a token's index among its block range's
+//                     routed tokens, -1: none), for the warps that take
+//                     tokens of other blocks' ranges
 struct HtBuffers {
   int32_t* counts;
   uint64_t* notify_flags;
@@ -60,6 +65,8 @@ struct HtBuffers {
   int32_t* plan_block_counts;
   int32_t* plan_pair_rank;
   int32_t* plan_expert_totals;
+  int32_t* plan_block_before;  // one rank only (else null): see above
+  int32_t* plan_token_slot;    // one rank only (else null): see above
 };
 
 // Most blocks of the pair plan's kernels (their per-block counts live in

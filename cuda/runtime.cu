@@ -106,6 +106,10 @@ BufferLayout ComputeLayout(const EpDims& d, bool low_latency, bool high_throughp
     layout.ht_plan_block_counts = take(HtPlanBlockRows(d.num_ranks) * E * sizeof(int32_t));
     layout.ht_plan_pair_rank = take(T * K * sizeof(int32_t));
     layout.ht_plan_expert_totals = take(E * sizeof(int32_t));
+    if (d.num_ranks == 1) {  // the one-rank expert-major dispatch's work taking
+      layout.ht_plan_block_before = take(kHtOneRankPlanBlocks * E * sizeof(int32_t));
+      layout.ht_plan_token_slot = take(T * sizeof(int32_t));
+    }
   }
   layout.total = offset;
   return layout;
@@ -411,6 +415,10 @@ std::string Runtime::Allocate(const EpDims& dims, const std::vector<int>& group_
     b.plan_block_counts = reinterpret_cast<int32_t*>(base_ + layout.ht_plan_block_counts);
     b.plan_pair_rank = reinterpret_cast<int32_t*>(base_ + layout.ht_plan_pair_rank);
     b.plan_expert_totals = reinterpret_cast<int32_t*>(base_ + layout.ht_plan_expert_totals);
+    if (dims.num_ranks == 1) {
+      b.plan_block_before = reinterpret_cast<int32_t*>(base_ + layout.ht_plan_block_before);
+      b.plan_token_slot = reinterpret_cast<int32_t*>(base_ + layout.ht_plan_token_slot);
+    }
   }
   return "";
 }

@@ -54,6 +54,8 @@ struct BufferLayout {
   size_t ht_plan_block_counts = 0;
   size_t ht_plan_pair_rank = 0;
   size_t ht_plan_expert_totals = 0;
+  size_t ht_plan_block_before = 0;  // one rank only
+  size_t ht_plan_token_slot = 0;    // one rank only
 };
 
 // The layout for `dims`; the formula behind jax_ep.buffer_bytes().

@@ -119,5 +119,7 @@ def buffer_bytes_by_family(config: EpConfig | Sequence[EpConfig], num_ranks: int
     plan_block_rows = _HT_ONE_RANK_PLAN_BLOCKS if r == 1 else _HT_PLAN_BLOCKS  # HtPlanBlockRows
     high_throughput += [2 * r * e_local * 4, r * t * k * 4, plan_block_rows * e * 4, t * k * 4,
                         e * 4]
+    if r == 1:  # the one-rank dispatch's work taking: plan_block_before, plan_token_slot
+      high_throughput += [_HT_ONE_RANK_PLAN_BLOCKS * e * 4, t * 4]
   return {"low_latency": sum(_align(s) for s in low_latency),
           "high_throughput": sum(_align(s) for s in high_throughput)}

@@ -268,11 +268,12 @@ def test_buffer_bytes_formula():
   for cfg in (config, jax_ep.EpConfig(num_experts=32, hidden=512, max_tokens_per_rank=64,
                                       num_topk=4),
               jax_ep.EpConfig(num_experts=64, hidden=1024, max_tokens_per_rank=4096, num_topk=8)):
-    for rdma in (False, True):
-      layout = module.buffer_layout(4, cfg.num_experts, cfg.hidden, cfg.max_tokens_per_rank,
-                                    cfg.ll_max_tokens, cfg.num_topk, cfg.enable_low_latency,
-                                    cfg.enable_high_throughput, rdma)
-      assert layout["total"] == jax_ep.buffer_bytes(cfg, 4, rdma_staging=rdma)
+    # One rank has scratch of its own (the one-rank dispatch's work taking).
+    for num_ranks, rdma in ((1, False), (4, False), (4, True)):
+      layout = module.buffer_layout(num_ranks, cfg.num_experts, cfg.hidden,
+                                    cfg.max_tokens_per_rank, cfg.ll_max_tokens, cfg.num_topk,
+                                    cfg.enable_low_latency, cfg.enable_high_throughput, rdma)
+      assert layout["total"] == jax_ep.buffer_bytes(cfg, num_ranks, rdma_staging=rdma)
 
 
 def test_split_ops_with_portable_payloads_lower_on_cuda():
