@@ -18,8 +18,9 @@ import pytest
 
 import jax_ep
 from jax_ep import host_reference as hr
-from gpu_testing import (BF16, F32, GRAD_ROUTINGS, assert_bitwise, dyadic_weights, grad_routing,
-                         mine, num_ranks, one_rank_routing, rng, rows, run, setup)
+from gpu_testing import (BF16, F32, GRAD_ROUTINGS, assert_bitwise, dyadic_weights,
+                         global_routing, grad_routing, mine, num_ranks, one_rank_routing, rng,
+                         rows, run, setup)
 
 SHAPES = [  # (E, K, T, T_local, H, A)
     (16, 4, 64, 48, 256, 1),
@@ -171,3 +172,44 @@ def test_expert_major_gradients_match_host_vjps(routing_name):
   assert_bitwise(grad_x, mine(want_x), "dispatch vjp x")
   assert_bitwise(grad_w, mine(want_w), "dispatch vjp topk_weights")
   assert grad_x.dtype == BF16
+
+
+def test_expert_major_60_calls_with_changing_routing():
+  """60 back-to-back dispatch+combine calls in one graph, each on another
+  routing: random, every entry on one expert, every entry -1, skewed to the
+  first experts. At one rank the dispatch's warps take work from counters
+  whose words carry the call's sequence number and are never reset
+  (cuda/ht_kernels.cu); every call's pairs, counts and combine are checked
+  bitwise, so a word of the call before would show."""
+  e, k, t, h, alignment = _experts(32), 4, 256, 256, 8
+  config, mesh = _setup(e, k, t, h)
+  r, num_calls = num_ranks(), 60
+  gen = rng(880)
+  x = rows(gen, (r, t, h))
+  w = dyadic_weights(gen, (r, t, k))
+  idx = np.moveaxis(global_routing(gen, (num_calls, r), t, k, e), 0, 1)  # [R, calls, T, K]
+  idx[:, 1::4, :, :] = -1
+  idx[:, 1::4, :, 0] = 0                               # every token's one pair on expert 0
+  idx[:, 2::4] = -1                                    # no pair at all: padding only
+  idx[:, 3::4] = np.minimum(idx[:, 3::4], 3)           # skewed to experts 0-3 (repeats: one pair)
+  m = hr.expert_major_rows(config, r, alignment)
+  y = rows(gen, (r, m, h))
+  kwargs = dict(config=config, layout="expert_major", expert_alignment=alignment)
+
+  names = tuple(name for name in FIELDS if name != "scales")  # bf16 rows: no scales
+
+  def fn(x, w, idx, y):
+    def step(carry, idx):
+      d = jax_ep.dispatch(x, idx, w, **kwargs)
+      out = jax_ep.combine(y, d.handle, config=config)
+      return carry, tuple(getattr(d, name) for name in names) + (out,)
+    return jax.lax.scan(step, None, idx)[1]
+
+  results = run(fn, mesh, x, w, idx, y)
+  for call in range(num_calls):
+    layout = hr.ht_dispatch_expert_major(x, idx[:, call], w, config, alignment=alignment)
+    want = mine(layout)
+    for name, got in zip(names, results):
+      assert_bitwise(got[call], getattr(want, name), f"call {call}: {name}")
+    assert_bitwise(results[-1][call], mine(hr.ht_combine_expert_major(y, layout)),
+                   f"call {call}: combine")
