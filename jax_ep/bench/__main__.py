@@ -1,5 +1,9 @@
 """python -m jax_ep.launch -n 2 -m jax_ep.bench --mode ll|ht [--out_dir DIR | --out FILE].
 
+``--mode gmm`` and ``--mode layer`` run in one process on one device (EP1):
+the expert GEMMs' products on each grouped-GEMM implementation (gmm.py), and
+a whole MoE layer against MaxText's algorithm and the dense floor (layer.py).
+
 Prints the results table (a system that failed is a FAILED row with its
 error; one whose time was not positive says "below noise": no time is printed
 that is not one) and writes the JSON: run settings, rows, machine, commit, date,
@@ -18,11 +22,16 @@ from absl import app, flags
 
 from jax_ep import launch
 
-flags.DEFINE_enum("mode", "ll", ["ll", "ht"], "which kernels to benchmark")
+flags.DEFINE_enum("mode", "ll", ["ll", "ht", "gmm", "layer"],
+                  "which kernels to benchmark: the exchange's (ll, ht), the expert GEMMs' "
+                  "(gmm) or a whole MoE layer's (layer); gmm and layer: one device, EP1")
 flags.DEFINE_integer("tokens", None, "tokens per rank (default: 128 for ll, DeepEP's LL "
                      "setting; 4096 for ht)")
 flags.DEFINE_integer("hidden", 7168, "hidden size")
-flags.DEFINE_integer("num_experts", 256, "experts")
+flags.DEFINE_integer("num_experts", 256, "experts (gmm and layer: default 32, a DeepSeek-V3 "
+                     "rank's share)")
+flags.DEFINE_integer("ffn", 2048, "gmm, layer: each expert's FFN width")
+flags.DEFINE_bool("gmm_sweep", False, "gmm: also time the Pallas kernels at other tiles")
 flags.DEFINE_integer("topk", 8, "experts per token")
 flags.DEFINE_integer("num_calls", 50, "calls per long timed executable (the short one: 1/5)")
 flags.DEFINE_integer("repeats", 7, "timed executions of each loop length (medians)")
@@ -72,7 +81,43 @@ def ops_plot_path() -> str | None:
   return FLAGS.plot
 
 
+def single_device_main() -> int:
+  """--mode gmm / layer: one process, one device; the table as it runs, then the JSON."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax_ep.bench import provenance, results  # pylint: disable=import-outside-toplevel
+  record = provenance.record(sys.argv)
+  experts = FLAGS.num_experts if FLAGS["num_experts"].present else 32
+  tokens = FLAGS.tokens or (8192 if "H200" in jax.devices()[0].device_kind else 4096)
+  if FLAGS.mode == "gmm":
+    from jax_ep.bench import gmm  # pylint: disable=import-outside-toplevel
+    rows, meta = gmm.run(tokens, FLAGS.hidden, FLAGS.ffn, experts, FLAGS.topk, FLAGS.seed,
+                         FLAGS.gmm_sweep, FLAGS.repeats)
+  else:
+    from jax_ep.bench import layer  # pylint: disable=import-outside-toplevel
+    rows, meta = layer.run(tokens, FLAGS.hidden, FLAGS.ffn, experts, FLAGS.topk, FLAGS.seed,
+                           FLAGS.repeats, FLAGS.plot)
+  failed = any(r["us"] is None and not r.get("expected_failure") for r in rows)
+  payload = dict(mode=FLAGS.mode, **record, timing=TIMING_ONE_DEVICE, any_failed=failed,
+                 meta=meta, rows=rows)
+  path = FLAGS.out
+  if path is None and FLAGS.out_dir:
+    os.makedirs(FLAGS.out_dir, exist_ok=True)
+    path = provenance.free_path(FLAGS.out_dir, provenance.default_name(
+        FLAGS.mode, record["date"], record["commit"]["short"], record["commit"]["dirty"]))
+  if path:
+    results.write_json(path, payload)
+    print(f"results: {path}")
+  return 1 if failed else 0
+
+
+TIMING_ONE_DEVICE = ("in-graph slope on one device (jax_ep/bench/single_device.py): "
+                     "(median T(N) - median T(N/5)) / (N - N/5), N = num_calls of the gmm/layer "
+                     "modes (5), medians of --repeats executions of each length")
+
+
 def main(argv) -> int:
+  if FLAGS.mode in ("gmm", "layer"):
+    return single_device_main()
   if FLAGS.mode == "ht" and _RAGGED_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _RAGGED_FLAG).strip()
   launch.initialize_distributed_from_env()

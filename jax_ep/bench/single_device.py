@@ -1,0 +1,71 @@
+"""Timing of ops that run on one device without a mesh (grouped GEMMs, whole
+layers at EP1): the in-graph slope of jax_ep/bench/timing.py, on one device.
+
+Every system is timed the same way: ``loop_of(fn, n)`` jitted for n = N and
+N/5, both compiled and run twice, ``warmup_executions`` more of the long one,
+then ``repeats`` executions of each length, alternately; the time per call is
+the slope. A system that raises (out of memory included) gives its error
+instead, so one failure loses no other row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+
+from jax_ep.bench import timing
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+  """One system's time per call, or why there is none.
+
+  Attributes:
+    us: median per-call microseconds (the slope), None when it failed or was
+      not positive.
+    noise_us: the slope's noise (timing.slope_noise_us).
+    error: the exception's type and text, first 400 characters.
+    peak_bytes: what XLA's memory analysis of the one-call executable reports
+      it needs on the device (arguments + outputs + temporaries - aliased),
+      None when it did not compile.
+  """
+
+  us: float | None
+  noise_us: float | None = None
+  error: str | None = None
+  peak_bytes: int | None = None
+
+
+def peak_bytes(fn: Callable, args) -> int | None:
+  """Device bytes of the one-call executable, from XLA's memory analysis."""
+  try:
+    stats = jax.jit(fn).lower(*args).compile().memory_analysis()
+  except Exception:  # pylint: disable=broad-except
+    return None
+  if stats is None:
+    return None
+  return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
+             + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+
+
+def measure(fn: Callable, args, num_calls: int = 5, repeats: int = 5,
+            warmup_calls: int = 20) -> Measured:
+  """Times ``fn(*args)`` (device arrays) per call; never raises."""
+  peak = peak_bytes(fn, args)
+  try:
+    num_calls = max(num_calls, 2)
+    lengths = (num_calls, timing.short_calls_of(num_calls))
+    fns = {n: jax.jit(timing.loop_of(fn, n)) for n in lengths}
+    for compiled in fns.values():
+      jax.block_until_ready(compiled(*args))
+      jax.block_until_ready(compiled(*args))
+    for _ in range(timing.warmup_executions(num_calls, warmup_calls)):
+      jax.block_until_ready(fns[num_calls](*args))
+    result = timing.time_loops(lambda n: jax.block_until_ready(fns[n](*args)), num_calls,
+                               repeats)
+  except Exception as e:  # pylint: disable=broad-except
+    return Measured(None, error=f"{type(e).__name__}: {e}"[:400], peak_bytes=peak)
+  us = result.median_us if result.median_us > 0 else None
+  return Measured(us, noise_us=result.noise_us, peak_bytes=peak)
