@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 import gmm_oracle
-import jax_ep.moe.grouped_matmul
+from jax_ep.moe.grouped_matmul import AUTO_ON_SM90
 from jax_ep.moe import GroupedMatmulConfig, grouped_matmul, grouped_matmul_plan
 
 
@@ -22,6 +22,6 @@ def test_grouped_matmul_products_bf16(name, sizes, rows, k, n):
   if jax.devices()[0].platform == "gpu":  # the kernels this test is about
     plan = grouped_matmul_plan(config, x, w)
     assert (plan.forward, plan.input_grad, plan.weight_grad) == tuple(
-        jax_ep.moe.grouped_matmul.AUTO_ON_SM90[p] for p in ("forward", "input_grad", "weight_grad"))
+        AUTO_ON_SM90[p] for p in ("forward", "input_grad", "weight_grad"))
   gmm_oracle.check_grouped_matmul(jax.jit(functools.partial(grouped_matmul, config=config)),
                                   x, w, sizes, d_out)
