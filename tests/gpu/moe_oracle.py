@@ -109,7 +109,7 @@ def reference(params: dict, x: np.ndarray, config, tokens: slice, dy: np.ndarray
   """For the tokens x[tokens] (x: every token, params: global), on the CPU in float64:
   (y [T, H], y_abs [T, H] (the magnitude the bound scales), idx [T, K], and with dy
   the gradients of sum(y * dy) w.r.t. (every param, x[tokens]), else None)."""
-  cpu = jax.devices("cpu")[0]
+  cpu = jax.local_devices(backend="cpu")[0]
   with jax.enable_x64(True), jax.default_device(cpu):
     p64 = {k: jnp.asarray(np.asarray(v, np.float32), jnp.float64) for k, v in params.items()}
     x64 = jnp.asarray(np.asarray(x, np.float32)[tokens], jnp.float64)

@@ -64,9 +64,10 @@ def make_problem(config: moe.MoeConfig, num_ranks: int, tokens_per_rank: int, ro
 def run_layer(config: moe.MoeConfig, mesh, params: dict, x: np.ndarray, dy: np.ndarray, dtype):
   """Per shard: y, topk_idx, the gradients of sum(y * dy) w.r.t. params and x.
 
-  Returns numpy, global: y [T, H], idx [T, K], grad_x [T, H], and grads of params:
-  expert weights global [E, ...] (their true gradients), replicated ones stacked per
-  rank [R, ...] (each rank's tokens' share).
+  Returns numpy: y [T, H], idx [T, K], grad_x [T, H], and grads of params: expert
+  weights [E, ...] (their true gradients), replicated ones stacked per rank [R, ...]
+  (each rank's tokens' share); all of them with one process, this process's ranks'
+  parts with several (one rank: T_local rows, E_local experts, [1, ...]).
   """
   axis = config.ep.axis_names
   specs = moe.param_specs(config)
@@ -91,10 +92,21 @@ def run_layer(config: moe.MoeConfig, mesh, params: dict, x: np.ndarray, dy: np.n
 
   fn = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=(specs, P(axis), P(axis)),
                              out_specs=(P(axis), P(axis), P(axis), out_specs_params)))
-  placed_params = {k: jax.device_put(jnp.asarray(v), NamedSharding(mesh, specs[k]))
-                   for k, v in params.items()}
-  put = lambda a: jax.device_put(jnp.asarray(a), NamedSharding(mesh, P(axis)))
-  return jax.tree.map(np.asarray, fn(placed_params, put(x), put(dy)))
+  def put(value, spec):   # the same global value on every process
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, NamedSharding(mesh, spec),
+                                        lambda index: value[index])
+
+  placed_params = {k: put(v, specs[k]) for k, v in params.items()}
+  return jax.tree.map(_this_process, fn(placed_params, put(x, P(axis)), put(dy, P(axis))))
+
+
+def _this_process(array: jax.Array) -> np.ndarray:
+  """The whole array with one process; else this process's shards along axis 0."""
+  if array.is_fully_addressable:
+    return np.asarray(array)
+  shards = sorted(array.addressable_shards, key=lambda s: s.index[0].start or 0)
+  return np.concatenate([np.asarray(s.data) for s in shards])
 
 
 def check_shard(config, params, x, dy, got, tokens: slice, rank: int, num_ranks: int, dtype,

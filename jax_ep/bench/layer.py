@@ -1,0 +1,169 @@
+"""``--mode layer``: a whole MoE layer at EP1 (one process, one GPU), forward and
+forward+backward, against MaxText's algorithm and the dense floor, same routing.
+
+Systems (a DeepSeek-V3 rank's share by default: hidden 7168, expert FFN 2048,
+32 experts, top-8, SwiGLU, bfloat16):
+- jax_ep.moe: moe_layer (router, HT expert-major dispatch, grouped_matmul
+  experts, weighted combine), inside shard_map over the one device;
+- MaxText's algorithm (argsort permute, SwiGLU experts by jax.lax.ragged_dot,
+  weighted unpermute), and the same with grouped_matmul (the fastest grouped
+  GEMM measured) in place of ragged_dot;
+- the floor: dense matmuls of the same useful FLOPs (the expert GEMMs of
+  pairs = tokens * top-k rows; forward+backward: their gradients too).
+Useful FLOPs: forward 2 * pairs * H * 3F (gate+up and down), forward+backward 3x.
+Every system gets the same router weights, so the same routing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_ep
+from jax_ep import moe
+from jax_ep.bench import single_device
+
+F32 = jnp.float32
+BF16 = jnp.bfloat16
+OOM_WORDS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")
+
+
+def _maxtext_layer(gemm):
+  """MaxText's dropless algorithm; gemm(rows, w, group_sizes) -> rows' dtype."""
+
+  def layer(params, x):
+    num_tokens, hidden = x.shape
+    num_experts = params["w_in"].shape[0]
+    logits = x.astype(F32) @ params["router"]
+    weights, idx = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), params["topk"].shape[0])
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    flat = idx.reshape(-1)
+    order = jnp.argsort(flat)
+    rows = x[order // idx.shape[1]]
+    group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    h = gemm(rows, params["w_in"].astype(x.dtype), group_sizes)
+    gate, up = jnp.split(h.astype(F32), 2, axis=-1)
+    out = gemm((jax.nn.silu(gate) * up).astype(x.dtype), params["w_out"].astype(x.dtype),
+               group_sizes)
+    unsorted = jnp.zeros_like(out).at[order].set(out)
+    y = jnp.sum(unsorted.reshape(num_tokens, -1, hidden).astype(F32) * weights[..., None], axis=1)
+    return y.astype(x.dtype)
+
+  return layer
+
+
+def _lax_gemm(rows, w, group_sizes):
+  return jax.lax.ragged_dot(rows, w, group_sizes, preferred_element_type=F32).astype(rows.dtype)
+
+
+def _floor(params, x):
+  """The expert GEMMs' useful FLOPs as two dense matmuls over pairs rows."""
+  pairs = x.shape[0] * params["topk"].shape[0]
+  rows = jnp.broadcast_to(x[:, None], (x.shape[0], params["topk"].shape[0], x.shape[1]))
+  rows = rows.reshape(pairs, x.shape[1])
+  h = jnp.matmul(rows, params["w_in"][0].astype(x.dtype), preferred_element_type=F32)
+  gate, up = jnp.split(h, 2, axis=-1)
+  return jnp.matmul((gate * up).astype(x.dtype), params["w_out"][0].astype(x.dtype),
+                    preferred_element_type=F32).astype(x.dtype)
+
+
+def _forward_backward(fn):
+  def run(params, x):
+    def loss(p, xx):
+      return jnp.sum(fn(p, xx).astype(F32))
+    return jax.grad(loss, argnums=(0, 1))(params, x)
+  return run
+
+
+def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, repeats: int,
+        plot_path: str | None) -> tuple[list[dict], dict]:
+  ep = jax_ep.EpConfig(num_experts=experts, hidden=hidden, max_tokens_per_rank=tokens,
+                       num_topk=topk, axis_name="ep", enable_low_latency=False)
+  config = moe.MoeConfig(ep=ep, ffn_size=ffn)
+  mesh = jax.make_mesh((1,), ("ep",), devices=jax.devices()[:1])
+  jax_ep.initialize(ep, mesh)
+  key_params, key_x = jax.random.split(jax.random.key(seed))
+  params = moe.init_params(config, key_params, dtype=BF16)
+  x = jax.random.normal(key_x, (tokens, hidden), F32).astype(BF16)
+  specs = moe.param_specs(config)
+  placed = {k: jax.device_put(v, NamedSharding(mesh, specs[k])) for k, v in params.items()}
+  x_placed = jax.device_put(x, NamedSharding(mesh, P("ep")))
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(specs, P("ep")), out_specs=P("ep"))
+  def jax_ep_layer(p, xx):
+    return moe.moe_layer(p, xx, config=config).y
+
+  with_topk = dict(params, topk=jnp.zeros(topk, BF16))   # K as a shape, for the baselines
+  systems = [
+      ("jax_ep.moe (HT expert-major, grouped_matmul)", jax_ep_layer, (placed, x_placed)),
+      ("MaxText algorithm, jax.lax.ragged_dot", _maxtext_layer(_lax_gemm), (with_topk, x)),
+      ("MaxText algorithm, grouped_matmul", _maxtext_layer(moe.grouped_matmul), (with_topk, x)),
+      ("floor: dense matmuls, same useful FLOPs", _floor, (with_topk, x)),
+  ]
+  pairs = tokens * topk
+  flops = dict(forward=6.0 * pairs * hidden * ffn, forward_backward=18.0 * pairs * hidden * ffn)
+  rows: list[dict] = []
+  for mode in ("forward", "forward_backward"):
+    floor_us = None
+    for name, fn, args in reversed(systems):        # the floor first: the ratios need it
+      timed = fn if mode == "forward" else _forward_backward(fn)
+      measured = single_device.measure(timed, args, repeats=repeats)
+      if name.startswith("floor"):
+        floor_us = measured.us
+      oom = measured.error is not None and any(w in measured.error for w in OOM_WORDS)
+      row = dict(mode=mode, system=name, us=measured.us, noise_us=measured.noise_us,
+                 error=measured.error, expected_failure=oom, peak_bytes=measured.peak_bytes,
+                 tflops=flops[mode] / measured.us / 1e6 if measured.us else None,
+                 of_floor=floor_us / measured.us if measured.us and floor_us else None)
+      rows.append(row)
+      print(format_row(row), flush=True)
+  meta = dict(tokens=tokens, hidden=hidden, ffn=ffn, experts=experts, topk=topk, seed=seed,
+              pairs=pairs, activation="swiglu", dtype="bfloat16", repeats=repeats,
+              useful_flops=flops, expert_alignment=config.gmm.row_alignment)
+  meta["grouped_matmul"] = {p: v for p, v in vars(moe.grouped_matmul_plan(
+      config.gmm, jax.ShapeDtypeStruct((pairs, hidden), BF16),
+      jax.ShapeDtypeStruct((experts, hidden, 2 * ffn), BF16))).items() if p != "tiles"}
+  if plot_path:
+    plot(rows, meta, plot_path)
+  return rows, meta
+
+
+def format_row(row: dict) -> str:
+  head = f"{row['mode']:17s} {row['system']:46s}"
+  if row["us"] is None:
+    return f"{head} FAILED: {(row['error'] or 'below noise')[:110]}"
+  peak = f"{row['peak_bytes'] / 2**30:6.1f} GiB" if row["peak_bytes"] else "      ?"
+  ratio = f"{row['of_floor']:.2f}x floor" if row["of_floor"] else ""
+  return f"{head} {row['us'] / 1e3:9.2f} ms {row['tflops']:6.0f} TF/s {peak}  {ratio}"
+
+
+def plot(rows: list[dict], meta: dict, path: str) -> None:
+  """Useful TFLOP/s of each system, forward and forward+backward (failed: 0, marked)."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  systems = list(dict.fromkeys(r["system"] for r in rows))
+  modes = ("forward", "forward_backward")
+  fig, ax = plt.subplots(figsize=(10, 4.5))
+  width = 0.8 / len(systems)
+  for i, system in enumerate(systems):
+    values = []
+    for mode in modes:
+      row = next(r for r in rows if r["system"] == system and r["mode"] == mode)
+      values.append(row["tflops"] or 0.0)
+    bars = ax.bar(np.arange(len(modes)) + i * width, values, width, label=system)
+    for bar, value in zip(bars, values):
+      ax.annotate("failed" if not value else f"{value:.0f}", (bar.get_x() + bar.get_width() / 2,
+                  bar.get_height()), ha="center", va="bottom", fontsize=8)
+  ax.set_xticks(np.arange(len(modes)) + width * (len(systems) - 1) / 2, modes)
+  ax.set_ylabel("useful TFLOP/s")
+  ax.set_title(f"MoE layer, EP1: {meta['tokens']} tokens, H {meta['hidden']}, F {meta['ffn']}, "
+               f"{meta['experts']} experts, top-{meta['topk']}, SwiGLU, bf16")
+  ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
