@@ -32,6 +32,9 @@
 #                 (default "ht ll"), EP1_BENCH_RUNS (default 1; more: their
 #                 medians by python -m jax_ep.bench.medians) and EP1_BENCH_ARGS
 #                 (more bench flags, e.g. --nobaselines)
+#       layerbench jax_ep.bench --mode gmm and --mode layer in one process alone
+#                 on the GPU (EP1 speeds; not in the default phases); tokamax
+#                 rows when its wheels are carried in .whl
 #       nvshmem4py nvshmem4py starts NVSHMEM, jax_ep joins it (tests/gpu_nvshmem4py;
 #                 needs the nvshmem4py-cu13, cuda-core, cuda-bindings and
 #                 cuda-pathfinder wheels carried in .whl)

@@ -182,6 +182,30 @@ one_gpu_ep1_bench() {  # one process alone on the GPU (EP1): a speed measurement
   fi
 }
 
+# The MoE layer's speed (one process alone on the GPU, EP1): bench --mode gmm
+# (the expert GEMMs' products on every implementation; tokamax when its wheels
+# were carried in .whl) and bench --mode layer (the layer against MaxText's
+# algorithm and the floor, with its plot). LAYER_BENCH_ARGS: more flags of both.
+one_gpu_layer_bench() {
+  local site=() mode log rc
+  if ls .whl/tokamax-* > /dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/jax_ep_bench_site \
+        .whl/*.whl > "$OUT/bench_site.log" 2>&1
+    site=(PYTHONPATH="/tmp/jax_ep_bench_site:${PYTHONPATH:-}")
+  fi
+  for mode in gmm layer; do
+    log="$OUT/bench_ep1_${mode}.log"
+    # LAYER_BENCH_ARGS may hold several flags. shellcheck disable=SC2086
+    env "${site[@]}" timeout "${BENCH_TIMEOUT_S:-600}" "$PY" -m jax_ep.bench --mode "$mode" \
+        --out_dir "$OUT" $([[ $mode == layer ]] && echo --plot "$OUT/moe_layer_ep1.png") \
+        ${LAYER_BENCH_ARGS:-} > "$log" 2>&1
+    rc=$?
+    note "bench --mode $mode (EP1, one process) rc=$rc"
+    grep -E "^(forward|gate_up|down) " "$log" | tee -a "$SUMMARY"
+    [ "$rc" -ne 0 ] && status=1 && grep -v "^[IW][0-9]\{4\} " "$log" | tail -15
+  done
+}
+
 one_gpu_qp() {
   if [[ ! -f "$QP_BUNDLE" ]]; then
     note "qp: skipped ($QP_BUNDLE was not carried; tools/nvshmem_qp_bundle.sh makes it)"
@@ -243,6 +267,7 @@ run_one_gpu() {
       fuzz) one_gpu_fuzz ;;
       example) one_gpu_example ;;
       ep1bench) one_gpu_ep1_bench ;;
+      layerbench) one_gpu_layer_bench ;;
       qp) one_gpu_qp ;;
       nvshmem4py) one_gpu_nvshmem4py ;;
       *) note "unknown phase $phase"; status=1 ;;
