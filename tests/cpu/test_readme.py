@@ -128,3 +128,27 @@ def test_readme_use_runs_and_computes_the_layer(tmp_path):
   assert np.all(ratio <= 1), f"max error / bound = {np.max(ratio):.3f}"
   assert np.max(np.abs(run["out"] - ref)) > 0  # bf16 rows: the comparison is not vacuous
   assert np.sum(ambiguous) < len(ambiguous) // 10   # the check covers the tokens
+
+
+def _layer_section_python_block() -> str:
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    readme = f.read()
+  section = re.search(r"^## The MoE layer\n(.*?)(?=^## )", readme, re.S | re.M)
+  assert section, "README.md has no '## The MoE layer' section"
+  block = re.search(r"^```python\n(.*?)^```$", section.group(1), re.S | re.M)
+  assert block, "the MoE layer section has no python block"
+  return block.group(1)
+
+
+def test_readme_layer_block_is_the_example_file_and_runs():
+  path = os.path.join(ROOT, "examples", "readme_layer.py")
+  with open(path, encoding="utf-8") as f:
+    assert _layer_section_python_block() == f.read()
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  result = subprocess.run([sys.executable, path], env=env, capture_output=True, text=True,
+                          timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  match = re.search(r"xla backend: loss ([\d.]+), \|grad w_in\| ([\d.e+-]+)", result.stdout)
+  assert match, result.stdout[-2000:]
+  assert 0 < float(match.group(1)) < 10 and float(match.group(2)) > 0
