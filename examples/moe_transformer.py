@@ -54,6 +54,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_ep  # noqa: E402
+from jax_ep import moe  # noqa: E402
 from jax_ep import expert_major  # noqa: E402
 from jax_ep import launch  # noqa: E402
 from _kernels import jax_ep_custom_calls, missing_kernels  # noqa: E402
@@ -104,6 +105,7 @@ class Args:
   check_steps: int
   data: int
   expert_alignment: int
+  grouped_matmul: str
   capacity_factor: float
   weight_decay: float
   aux_loss_weight: float
@@ -126,6 +128,9 @@ def parse_args(argv: list[str], platform: str) -> Args:
   parser.add_argument("--capacity_factor", type=float, default=0.0,
                       help="pair rows per rank = this x (tokens per rank x K), rounded up to the "
                            "alignment; pairs past them are dropped; 0: room for every pair")
+  parser.add_argument("--grouped_matmul", choices=["auto", "xla"], default="auto",
+                      help="the experts' GEMMs: auto (the Pallas Hopper kernels on sm_90) or "
+                           "xla (jax.lax.ragged_dot), jax_ep.moe.GroupedMatmulConfig")
   parser.add_argument("--weight_decay", type=float, default=0.01, help="AdamW, matrices only")
   parser.add_argument("--aux_loss_weight", type=float, default=0.01,
                       help="weight of the load-balancing loss")
@@ -182,8 +187,9 @@ def train(args: Args, config, ep_config, mesh, host_params, batches, capacity, s
   compiled step's jax_ep custom calls)."""
   optimizer = make_optimizer(args.learning_rate, args.warmup, args.steps, args.weight_decay)
   specs = model.param_specs(host_params, "expert")
+  gmm = moe.GroupedMatmulConfig(implementation=args.grouped_matmul)
   step = make_train_step(config, mesh, model.moe_ffn_ep(ep_config, args.expert_alignment,
-                                                        capacity),
+                                                        capacity, gmm),
                          specs, optimizer, experts_split=True)
   params = place(mesh, host_params, specs)
   opt_state = jax.jit(optimizer.init)(params)
@@ -241,7 +247,8 @@ def main(argv: list[str]) -> None:
       f"(E_local={args.experts_per_rank}) K={args.topk} ffn={args.ffn} shared_ffn="
       f"{args.shared_ffn}; {num_params / 1e6:.2f}M float32 params, {args.dtype} compute; batch "
       f"{batches.shape[1]} x {args.seq_len} tokens ({tokens_per_rank} per rank); "
-      f"expert_alignment {args.expert_alignment}, pair rows per rank "
+      f"expert_alignment {args.expert_alignment}, grouped GEMMs {args.grouped_matmul}, "
+      f"pair rows per rank "
       f"{'for every pair' if capacity is None else capacity}")
   say(f"task: a Markov chain over {args.vocab} tokens, {args.successors} likely successors "
       f"each: entropy rate {task.entropy_rate:.3f} nats, unigram entropy "

@@ -13,7 +13,7 @@ stream, norms, softmaxes and the loss stay float32.
 Everything here is per shard, written for the inside of a shard_map over the
 whole mesh: the batch is split over every mesh axis, the experts' weights over
 the EP axis. The MoE FFN is a function argument, so that the jax_ep one
-(``moe_ffn_ep``: dispatch, ragged_dot experts, combine) and the dense reference
+(``moe_ffn_ep``: dispatch, grouped-GEMM experts, combine) and the dense reference
 (``moe_ffn_dense``: every expert on every token) share the rest of the model.
 """
 
@@ -28,6 +28,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
+from jax_ep import moe
 
 F32 = jnp.float32
 UNEMBED_SCALE = 0.1
@@ -148,25 +149,24 @@ def choose_experts(router: jax.Array, x: jax.Array, num_topk: int) -> jax.Array:
 
 
 def expert_pairs(x: jax.Array, w1: jax.Array, w2: jax.Array, group_sizes: jax.Array,
-                 dtype) -> jax.Array:
-  """GELU MLPs of consecutive row groups: rows of group e through expert e.
-  x [M, H], w1 [E_local, H, F], w2 [E_local, F, H] -> float32 [M, H] (0 past the groups)."""
-  hidden = jax.lax.ragged_dot(x.astype(dtype), w1.astype(dtype), group_sizes,
-                              preferred_element_type=F32)
-  return jax.lax.ragged_dot(jax.nn.gelu(hidden).astype(dtype), w2.astype(dtype), group_sizes,
-                            preferred_element_type=F32)
+                 dtype, gmm: moe.GroupedMatmulConfig = moe.GroupedMatmulConfig()) -> jax.Array:
+  """GELU MLPs of consecutive row groups: rows of group e through expert e, on
+  jax_ep.moe.grouped_matmul (the Pallas Hopper kernels on sm_90, ragged_dot elsewhere).
+  x [M, H], w1 [E_local, H, F], w2 [E_local, F, H] -> [M, H] of dtype (0 past the groups)."""
+  return moe.experts.grouped_mlp(x.astype(dtype), group_sizes, w1, w2, "gelu", gmm)
 
 
-def moe_ffn_ep(ep_config: jax_ep.EpConfig, alignment: int, capacity: int | None) -> MoeFfn:
-  """The MoE FFN on jax_ep: expert-major dispatch, ragged_dot experts, combine."""
+def moe_ffn_ep(ep_config: jax_ep.EpConfig, alignment: int, capacity: int | None,
+               gmm: moe.GroupedMatmulConfig = moe.GroupedMatmulConfig()) -> MoeFfn:
+  """The MoE FFN on jax_ep: expert-major dispatch, grouped-GEMM experts, combine."""
 
   def ffn(layer, x, idx, gate):
     d = jax_ep.dispatch(x, idx, gate, config=ep_config, layout="expert_major",
                         expert_alignment=alignment, capacity=capacity)
     # d.x [M, H]: pair rows grouped by local expert, group_sizes aligned to A;
     # d.topk_weights f32 [M]: each pair's gate, 0 on padding rows.
-    y = expert_pairs(d.x, layer["w1"], layer["w2"], d.group_sizes, x.dtype)
-    y = (y * d.topk_weights[:, None]).astype(x.dtype)
+    y = expert_pairs(d.x, layer["w1"], layer["w2"], d.group_sizes, x.dtype, gmm)
+    y = (y.astype(F32) * d.topk_weights[:, None]).astype(x.dtype)
     out = jax_ep.combine(y, d.handle, config=ep_config)                # [T, H], fp32 sums
     return out, dict(tokens_per_expert=d.tokens_per_expert, dropped=d.num_dropped)
 

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from jax_ep._vma import match_vma
 from jax_ep.errors import EpConfigError
 from jax_ep.moe import gmm_impls
 from jax_ep.moe.gmm_impls import PallasTiles
@@ -191,7 +192,11 @@ def grouped_matmul(rows: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
     raise EpConfigError(f"grouped_matmul: rows are {rows.dtype} but w is {w.dtype}; cast the "
                         f"weights to the rows' dtype (w.astype(rows.dtype))")
   plan = plan_for(config, rows, w)
-  return _grouped_matmul(plan, rows, w, group_sizes.astype(jnp.int32))
+  # Inside shard_map the three must vary over the same mesh axes: weights split over
+  # the expert axes alone meet rows split over the batch axes too. The pcast's
+  # transpose sums the weights' gradient over the axes it added.
+  rows, w, group_sizes = match_vma(rows, w, group_sizes.astype(jnp.int32))
+  return _grouped_matmul(plan, rows, w, group_sizes)
 
 
 def _outside_groups_zero(out: jax.Array, group_sizes: jax.Array) -> jax.Array:
