@@ -185,7 +185,8 @@ one_gpu_ep1_bench() {  # one process alone on the GPU (EP1): a speed measurement
 # The MoE layer's speed (one process alone on the GPU, EP1): bench --mode gmm
 # (the expert GEMMs' products on every implementation; tokamax when its wheels
 # were carried in .whl) and bench --mode layer (the layer against MaxText's
-# algorithm and the floor, with its plot). LAYER_BENCH_ARGS: more flags of both.
+# algorithm and the floor, with its plot). LAYER_BENCH_MODES: which (default
+# "gmm layer"); LAYER_BENCH_ARGS: more flags of both.
 one_gpu_layer_bench() {
   local site=() mode log rc
   if ls .whl/tokamax-* > /dev/null 2>&1; then
@@ -193,7 +194,7 @@ one_gpu_layer_bench() {
         .whl/*.whl > "$OUT/bench_site.log" 2>&1
     site=(PYTHONPATH="/tmp/jax_ep_bench_site:${PYTHONPATH:-}")
   fi
-  for mode in gmm layer; do
+  for mode in ${LAYER_BENCH_MODES:-gmm layer}; do
     log="$OUT/bench_ep1_${mode}.log"
     # LAYER_BENCH_ARGS may hold several flags. shellcheck disable=SC2086
     env "${site[@]}" timeout "${BENCH_TIMEOUT_S:-600}" "$PY" -m jax_ep.bench --mode "$mode" \
