@@ -154,17 +154,10 @@ def plan_for(config: GroupedMatmulConfig, rows: jax.ShapeDtypeStruct,
   if not sm90:
     _announce(config, f"the Hopper kernels need sm_90 and the devices here are {devices}")
     return Plan("xla", "xla", "xla", tiles)
-  picked = dict(AUTO_ON_SM90)
-  for product, name in picked.items():
-    if name == "tokamax" and gmm_impls.tokamax_module() is None:
-      _announce(config, f"its {product} is fastest on tokamax, which is not installed "
-                        "(pip install 'jax_ep[tokamax]'), and the Pallas kernels "
-                        f"{'refuse these operands: ' + refusal if refusal else 'serve instead'}")
-      picked[product] = "xla" if refusal else "pallas"
-    elif name == "pallas" and refusal:
-      _announce(config, f"the Hopper kernels cannot take these operands: {refusal}")
-      picked[product] = "xla"
-  return Plan(picked["forward"], picked["input_grad"], picked["weight_grad"], tiles)
+  if refusal:
+    _announce(config, f"the Hopper kernels cannot take these operands: {refusal}")
+    return Plan("xla", "xla", "xla", tiles)
+  return Plan(**AUTO_ON_SM90, tiles=tiles)
 
 
 def grouped_matmul(rows: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
