@@ -188,5 +188,13 @@ def main(argv) -> int:
   return 1 if failed else 0
 
 
+HELP_ARGS = ("-h", "--help", "-?", "--helpshort")
+
+
 if __name__ == "__main__":
+  if any(arg in HELP_ARGS for arg in sys.argv[1:]):
+    # absl's own --help exits with status 1; asking for help is not a failure.
+    FLAGS(sys.argv[:1])
+    print((__doc__ or "").strip() + "\n\nflags:\n" + FLAGS.main_module_help())
+    sys.exit(0)
   app.run(main)

@@ -81,8 +81,10 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
   default = GroupedMatmulConfig()
   systems: list[tuple[str, str, PallasTiles | None]] = [("floor (dense matmul)", "floor", None),
                                                           ("xla", "xla", None)]
-  systems.append(("pallas", "pallas", None))
-  if gmm_impls.tokamax_module() is not None:
+  on_gpu = jax.devices()[0].platform == "gpu"
+  if on_gpu:                  # Mosaic GPU kernels: no CPU path but Pallas' interpreter
+    systems.append(("pallas", "pallas", None))
+  if gmm_impls.tokamax_module() is not None and on_gpu:
     systems.append(("tokamax", "tokamax", None))
   out: list[dict] = []
   for gemm, k, n in (("gate_up", hidden, 2 * ffn), ("down", ffn, hidden)):
@@ -91,7 +93,7 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
     for product in gmm_impls.PRODUCTS:
       floor_us = None
       candidates = [(name, impl, tiles or default.tiles[product]) for name, impl, tiles in systems]
-      if sweep:
+      if sweep and on_gpu:
         candidates += [(f"pallas {dataclasses.astuple(t)}", "pallas", t) for t in SWEEP[product]]
       for name, impl, tiles in candidates:
         fn = (_floor_calls(pairs) if impl == "floor"

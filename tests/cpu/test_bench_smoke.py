@@ -184,3 +184,32 @@ def test_bench_in_one_process_on_8_cpu_devices(tmp_path, mode):
   _times_are_positive_or_words(result, data)
   if mode == "ht":
     _check_layout_rows(data, num_ranks=8)
+
+
+def test_bench_help_exits_zero():
+  result = subprocess.run([sys.executable, "-m", "jax_ep.bench", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "--mode" in result.stdout and "layer" in result.stdout
+
+
+@pytest.mark.parametrize("mode", ["gmm", "layer"])
+def test_single_device_modes_write_their_rows(tmp_path, mode):
+  out = tmp_path / f"{mode}.json"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  result = subprocess.run(
+      [sys.executable, "-m", "jax_ep.bench", "--mode", mode, "--tokens", "32", "--hidden", "128",
+       "--ffn", "64", "--num_experts", "4", "--topk", "2", "--repeats", "2", "--out", str(out)],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+  payload = json.loads(out.read_text())
+  systems = {row["system"] for row in payload["rows"]}
+  if mode == "gmm":
+    assert {"floor (dense matmul)", "xla"} <= systems
+    assert {row["product"] for row in payload["rows"]} == {"forward", "input_grad",
+                                                          "weight_grad"}
+  else:
+    assert len(systems) == 4 and {r["mode"] for r in payload["rows"]} == {"forward",
+                                                                          "forward_backward"}
+  assert all(row["error"] is None for row in payload["rows"]), payload["rows"]
