@@ -28,14 +28,19 @@ np.savez(sys.argv[2], out=np.asarray(g["out"], np.float32), **arrays)
 """
 
 
-def _use_section_python_block() -> str:
+def _section_python_block(title: str) -> str:
+  """The first python block of the README's section ``## <title>``."""
   with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
     readme = f.read()
-  section = re.search(r"^## Use\n(.*?)(?=^## )", readme, re.S | re.M)
-  assert section, "README.md has no '## Use' section"
+  section = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", readme, re.S | re.M)
+  assert section, f"README.md has no '## {title}' section"
   block = re.search(r"^```python\n(.*?)^```$", section.group(1), re.S | re.M)
-  assert block, "the Use section has no python block"
+  assert block, f"the {title} section has no python block"
   return block.group(1)
+
+
+def _use_section_python_block() -> str:
+  return _section_python_block("Use")
 
 
 def test_readme_use_block_is_the_example_file():
@@ -130,20 +135,10 @@ def test_readme_use_runs_and_computes_the_layer(tmp_path):
   assert np.sum(ambiguous) < len(ambiguous) // 10   # the check covers the tokens
 
 
-def _layer_section_python_block() -> str:
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    readme = f.read()
-  section = re.search(r"^## The MoE layer\n(.*?)(?=^## )", readme, re.S | re.M)
-  assert section, "README.md has no '## The MoE layer' section"
-  block = re.search(r"^```python\n(.*?)^```$", section.group(1), re.S | re.M)
-  assert block, "the MoE layer section has no python block"
-  return block.group(1)
-
-
 def test_readme_layer_block_is_the_example_file_and_runs():
   path = os.path.join(ROOT, "examples", "readme_layer.py")
   with open(path, encoding="utf-8") as f:
-    assert _layer_section_python_block() == f.read()
+    assert _section_python_block("The MoE layer") == f.read()
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=8")
   result = subprocess.run([sys.executable, path], env=env, capture_output=True, text=True,
