@@ -117,8 +117,8 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
 
 def format_row(row: dict) -> str:
   if row["us"] is None:
-    return (f"{row['gemm']:8s} {row['product']:11s} {row['system']:34s} FAILED: "
-            f"{(row['error'] or 'below noise')[:120]}")
+    what = f"FAILED: {row['error'][:120]}" if row["error"] else "below noise"
+    return f"{row['gemm']:8s} {row['product']:11s} {row['system']:34s} {what}"
   ratio = f"{row['of_floor']:.2f}x floor" if row["of_floor"] else ""
   return (f"{row['gemm']:8s} {row['product']:11s} {row['system']:34s} {row['us']:10.1f} us "
           f"{row['tflops']:6.0f} TF/s {ratio}")

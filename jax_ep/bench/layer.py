@@ -138,7 +138,7 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
 def format_row(row: dict) -> str:
   head = f"{row['mode']:17s} {row['system']:46s}"
   if row["us"] is None:
-    return f"{head} FAILED: {(row['error'] or 'below noise')[:110]}"
+    return f"{head} {'FAILED: ' + row['error'][:110] if row['error'] else 'below noise'}"
   peak = f"{row['peak_bytes'] / 2**30:6.1f} GiB" if row["peak_bytes"] else "      ?"
   ratio = f"{row['of_floor']:.2f}x floor" if row["of_floor"] else ""
   return f"{head} {row['us'] / 1e3:9.2f} ms {row['tflops']:6.0f} TF/s {peak}  {ratio}"
