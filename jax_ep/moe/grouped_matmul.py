@@ -33,6 +33,9 @@ from jax_ep.moe.gmm_impls import PallasTiles
 
 IMPLEMENTATIONS = ("auto", "pallas", "tokamax", "xla")
 FALLBACK_POLICIES = ("warn", "error", "allow")
+# The fastest of the tiles tried for all three products on one H100
+# (docs/results/gmm-sweep_2026-12-07_34f1b9a.json).
+MEASURED_TILES = PallasTiles(block_m=128, block_n=128, block_k=64, stages=4, grid_block_n=4)
 
 # What "auto" runs on sm_90, per product: the fastest correct implementation
 # measured (docs/benchmarks.md, "Grouped GEMMs").
@@ -55,14 +58,9 @@ class GroupedMatmulConfig:
 
   implementation: str = "auto"
   fallback: str = "warn"
-  # (128, 128, 64, 4, 4) was the fastest of the tiles tried for all three
-  # products on one H100 (docs/results/gmm-sweep_2026-12-07_34f1b9a.json).
-  forward_tiles: PallasTiles = PallasTiles(block_m=128, block_n=128, block_k=64, stages=4,
-                                           grid_block_n=4)
-  input_grad_tiles: PallasTiles = PallasTiles(block_m=128, block_n=128, block_k=64, stages=4,
-                                              grid_block_n=4)
-  weight_grad_tiles: PallasTiles = PallasTiles(block_m=128, block_n=128, block_k=64, stages=4,
-                                               grid_block_n=4)
+  forward_tiles: PallasTiles = MEASURED_TILES
+  input_grad_tiles: PallasTiles = MEASURED_TILES
+  weight_grad_tiles: PallasTiles = MEASURED_TILES
 
   def __post_init__(self) -> None:
     if self.implementation not in IMPLEMENTATIONS:

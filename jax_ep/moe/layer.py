@@ -239,10 +239,10 @@ def _routed_ll(params, x, routed, config: MoeConfig):
   blocks = fp8_lib.dequantize(d.x, d.scales, x.dtype) if config.fp8 else d.x
   slots = blocks.shape[1]
   used = jnp.arange(slots, dtype=jnp.int32)[None, :] < d.count[:, None]     # [E_local, S]
-  # Rows at and past count are unspecified: keep them out of the GEMMs' results.
+  # Rows at and past count are unspecified: zero them, and their outputs are zero too
+  # (both activations map 0 to 0, the GEMMs have no bias).
   blocks = jnp.where(used[:, :, None], blocks, jnp.zeros((), blocks.dtype))
   y = experts.batched_mlp(blocks, params["w_in"], params["w_out"], config.activation)
-  y = jnp.where(used[:, :, None], y, jnp.zeros((), y.dtype))
   out = jax_ep.low_latency_combine(y, routed.topk_idx, routed.topk_weights, d.handle, config=ep)
   return out, d.count, jnp.zeros((), jnp.int32)
 
