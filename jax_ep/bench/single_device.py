@@ -3,19 +3,27 @@ layers at EP1): the in-graph slope of jax_ep/bench/timing.py, on one device.
 
 Every system is timed the same way: ``loop_of(fn, n)`` jitted for n = N and
 N/5, both compiled and run twice, ``warmup_executions`` more of the long one,
-then ``repeats`` executions of each length, alternately; the time per call is
-the slope. A system that raises (out of memory included) gives its error
+(or fewer, once they have run WARMUP_SECONDS: a system whose call takes a
+large fraction of a second is warm after a few), then ``repeats`` executions of
+each length, alternately; the time per call is the slope. A system that raises (out of memory included) gives its error
 instead, so one failure loses no other row.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Callable
 
 import jax
 
 from jax_ep.bench import timing
+
+# Warm-up executions stop after this much wall time, even short of
+# warmup_calls: their purpose (clocks up, caches and allocator warm) is met
+# within it, and ragged_dot's dense path at DeepSeek shapes takes about a
+# second a call.
+WARMUP_SECONDS = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +69,11 @@ def measure(fn: Callable, args, num_calls: int = 5, repeats: int = 5,
     for compiled in fns.values():
       jax.block_until_ready(compiled(*args))
       jax.block_until_ready(compiled(*args))
+    warmup_start = time.perf_counter()
     for _ in range(timing.warmup_executions(num_calls, warmup_calls)):
       jax.block_until_ready(fns[num_calls](*args))
+      if time.perf_counter() - warmup_start > WARMUP_SECONDS:
+        break
     result = timing.time_loops(lambda n: jax.block_until_ready(fns[n](*args)), num_calls,
                                repeats)
   except Exception as e:  # pylint: disable=broad-except
