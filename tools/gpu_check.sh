@@ -35,6 +35,9 @@
 #       layerbench jax_ep.bench --mode gmm and --mode layer in one process alone
 #                 on the GPU (EP1 speeds; not in the default phases); tokamax
 #                 rows when its wheels are carried in .whl
+#       transformer examples/moe_transformer.py with --grouped_matmul xla, then
+#                 auto, in one process alone on the GPU (tokens/s of each; not
+#                 in the default phases; optax from .whl if the machine lacks it)
 #       nvshmem4py nvshmem4py starts NVSHMEM, jax_ep joins it (tests/gpu_nvshmem4py;
 #                 needs the nvshmem4py-cu13, cuda-core, cuda-bindings and
 #                 cuda-pathfinder wheels carried in .whl)

@@ -158,6 +158,29 @@ one_gpu_example() {  # the main job and the README's snippet, one process on the
   [ "$rc" -ne 0 ] && status=1 && tail -20 "$log"
 }
 
+# examples/moe_transformer.py's training speed with its experts on each grouped
+# matmul (--grouped_matmul xla: jax.lax.ragged_dot; auto: the Pallas Hopper
+# kernels), one process alone on the GPU (EP1): tokens/s of each, same steps.
+# TRANSFORMER_ARGS: more flags of both runs.
+one_gpu_transformer() {
+  local site=() gmm log rc
+  if ! "$PY" -c "import optax" > /dev/null 2>&1 && ls .whl/optax-* > /dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/jax_ep_optax \
+        .whl/optax-*.whl
+    site=(PYTHONPATH="/tmp/jax_ep_optax:${PYTHONPATH:-}")
+  fi
+  for gmm in xla auto; do
+    log="$OUT/example_moe_transformer_gmm_${gmm}.log"
+    # TRANSFORMER_ARGS may hold several flags. shellcheck disable=SC2086
+    env "${site[@]}" timeout "${BENCH_TIMEOUT_S:-600}" "$PY" examples/moe_transformer.py \
+        --grouped_matmul "$gmm" ${TRANSFORMER_ARGS:-} > "$log" 2>&1
+    rc=$?
+    note "moe_transformer --grouped_matmul $gmm (EP1) rc=$rc: $(grep -E \
+        "^(step +[0-9]+/|OK|MISMATCH|NO LEARNING)" "$log" | tail -2 | tr '\n' ' ')"
+    [ "$rc" -ne 0 ] && status=1 && grep -vE "^[IWE][0-9]{4} " "$log" | tail -15
+  done
+}
+
 # EP1_BENCH_MODES (default "ht ll") and EP1_BENCH_RUNS (default 1): the
 # targets are medians of >= 5 runs (python -m jax_ep.bench.medians over the JSONs).
 # EP1_BENCH_ARGS: more bench flags (--nobaselines: no portable rows, quick runs).
@@ -269,6 +292,7 @@ run_one_gpu() {
       example) one_gpu_example ;;
       ep1bench) one_gpu_ep1_bench ;;
       layerbench) one_gpu_layer_bench ;;
+      transformer) one_gpu_transformer ;;
       qp) one_gpu_qp ;;
       nvshmem4py) one_gpu_nvshmem4py ;;
       *) note "unknown phase $phase"; status=1 ;;
