@@ -682,7 +682,7 @@ __device__ __forceinline__ void count_row_experts(int local, int num_topk, int* 
     const int other = __shfl_sync(0xffffffffu, local, j);
     if (j < lane && other == local) first = false;
   }
-  if (first && local < 1024) atomicAdd(&s_tpe[local], 1);
+  if (first && local < kHtMaxExpertsPerRank) atomicAdd(&s_tpe[local], 1);
 }
 
 // Scale words per lane a role keeps in registers (H <= 16384 at one float32
@@ -1410,7 +1410,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) uint8_t s_send_plan[];  // senders: dispatch_smem_bytes()
   __shared__ int s_prefix[kHtMaxRanks + 1];
   __shared__ int s_row_offset[kHtMaxRanks];
-  __shared__ int s_tpe[1024];
+  __shared__ int s_tpe[kHtMaxExpertsPerRank];
   __shared__ int s_warp[kWarpSize][kHtMaxRanks];  // scan scratch
   __shared__ int s_total[kHtMaxRanks];
   __shared__ int s_matrix[kHtMaxRanks][kHtMaxRanks];
@@ -1438,7 +1438,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     one_rank_plan.bits = reinterpret_cast<uint32_t*>(one_rank_plan.totals + d.num_experts);
   }
   if (threadIdx.x == 0) s_invalid = 0;
-  for (int e = threadIdx.x; e < d.experts_per_rank && e < 1024; e += blockDim.x) s_tpe[e] = 0;
+  for (int e = threadIdx.x; e < d.experts_per_rank && e < kHtMaxExpertsPerRank; e += blockDim.x) {
+    s_tpe[e] = 0;
+  }
   // Expert-major: block 0 writes tokens_per_expert once the counts are in (place_groups).
   if (!kExpertMajor && blockIdx.x == 0) {  // before block 0 publishes its counts (publish_counts)
     for (int e = threadIdx.x; e < d.experts_per_rank; e += blockDim.x) {
@@ -1503,7 +1505,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ht_profile_role_end(ctx, kProfDispatchRecv);
   }
   // tokens_per_expert was zeroed before the notify flag this block acquired.
-  for (int e = threadIdx.x; !kExpertMajor && e < d.experts_per_rank && e < 1024;
+  for (int e = threadIdx.x; !kExpertMajor && e < d.experts_per_rank && e < kHtMaxExpertsPerRank;
        e += blockDim.x) {
     if (s_tpe[e]) atomicAdd(args.out_tokens_per_expert + e, s_tpe[e]);
   }
@@ -1796,7 +1798,7 @@ cudaError_t LaunchHtDispatch(const HtContext& ctx, const HtDispatchArgs& args,
                                        (range + kPairRankWordBits - 1) / kPairRankWordBits}));
     smem = plan_offset + one_rank_pair_plan_bytes(E, pair_words);
   }
-  if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.experts_per_rank > 1024 ||
+  if (ctx.dims.num_ranks > kHtMaxRanks || ctx.dims.experts_per_rank > kHtMaxExpertsPerRank ||
       (single_rank && grid > kMaxHtBlocks) ||
       args.row_bytes % 16 != 0 || args.row_bytes > ctx.buffers.row_bytes ||
       ctx.dims.num_topk > kWarpSize || args.num_tokens > kHtMaxTokens ||

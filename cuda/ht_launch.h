@@ -8,14 +8,9 @@
 #include <cstdint>
 
 #include "cuda/ht_types.h"
+#include "cuda/limits.h"
 
 namespace jax_ep::cuda {
-
-// Most EP ranks the HT kernels handle (one NVLink domain).
-constexpr int kHtMaxRanks = 8;
-// Most tokens per rank of an HT dispatch (its senders keep one byte per token,
-// and tile bases, in shared memory; jax_ep/backends/cuda.py HT_MAX_TOKENS).
-constexpr int kHtMaxTokens = 65536;
 
 // One HT dispatch: count exchange, row pushes, receive epilogue (one kernel
 // on `stream`). Rows are `row_bytes` wide (any 16-byte multiple up to the

@@ -6,12 +6,9 @@
 #include <cstdint>
 
 #include "cuda/ep_types.h"
+#include "cuda/limits.h"
 
 namespace jax_ep::cuda {
-
-// Rows per completion counter of an HT dispatch: the receiver copies a chunk
-// out as soon as its rows have landed, while the rest are still in flight.
-constexpr int kHtChunkRows = 32;
 
 // Symmetric HT buffers (local addresses; peers reached through nvshmem_ptr).
 //   counts            [2][R][R] int32, by seq parity: row s is written by source s
@@ -69,12 +66,7 @@ struct HtBuffers {
   int32_t* plan_token_slot;    // one rank only (else null): see above
 };
 
-// Most blocks of the pair plan's kernels (their per-block counts live in
-// plan_block_counts). At one rank those kernels do not run: each block of
-// the expert-major dispatch kernel writes its own row, and that kernel's grid
-// is cut to kHtOneRankPlanBlocks (more than any GPU's SMs today).
-constexpr int kHtPlanBlocks = 64;
-constexpr int kHtOneRankPlanBlocks = 256;
+// kHtPlanBlocks, kHtOneRankPlanBlocks: cuda/limits.h.
 // Rows of plan_block_counts.
 constexpr int HtPlanBlockRows(int num_ranks) {
   return num_ranks == 1 ? kHtOneRankPlanBlocks : kHtPlanBlocks;

@@ -10,14 +10,13 @@
 
 #include "cuda/device_common.cuh"
 #include "cuda/ep_types.h"
+#include "cuda/limits.h"
 #include "cuda/transport.cuh"
 
 namespace jax_ep::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxTopk = 32;
-constexpr int kMaxRanks = 1024;
 
 // Profiling hooks (no-ops when ctx.profile is null).
 __device__ __forceinline__ void profile_start(const LlContext& ctx, int k) {

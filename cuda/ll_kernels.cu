@@ -156,7 +156,6 @@ namespace jax_ep::cuda {
 namespace {
 
 constexpr float kFp8Max = 448.0f;
-constexpr size_t kMaxDynamicSmem = 200 * 1024;
 constexpr float kMinAmax = 1e-4f;
 
 // 16 channels (two int4 of bf16) -> 16 e4m3 bytes; *scale = the scale of their
@@ -1008,7 +1007,7 @@ constexpr int kManyRanks = 0, kOneRankTable = 1, kOneRankQueries = 2;
 template <bool kFp8, int kParts, int kOneRank = kManyRanks>
 __global__ void __launch_bounds__(kThreads, 1) ll_dispatch(LlContext ctx, LlDispatchArgs args) {
   extern __shared__ int smem[];
-  __shared__ int s_masked[kMaxRanks];
+  __shared__ int s_masked[kLlMaxRanks];
   constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
   // BF16 only: an FP8 row would be quantized once per pair by the receiver
   // instead of once per token by the sender (slower: 2026-12-01,
@@ -1340,7 +1339,7 @@ __global__ void __launch_bounds__(kThreads, 1) ll_combine(LlContext ctx, LlCombi
   // One-call op: the rank's own rows are read from y, not copied (the split
   // receive has no y).
   constexpr bool kDirectSelf = kSend && kRecv;
-  __shared__ int s_masked[kMaxRanks];
+  __shared__ int s_masked[kLlMaxRanks];
   DeviceCounters* counters = ctx.counters;
   const uint32_t seq = call_seq<kSend>(&counters->ll_combine_seq, args.ticket_in);
   // One rank, one call: no send part and no grid-wide epilogue (see
@@ -1388,7 +1387,7 @@ template <int kParts>
 cudaError_t LaunchDispatchParts(const LlContext& ctx, LlDispatchArgs args, cudaStream_t stream) {
   constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
   size_t smem = kSend ? DispatchSendSmem(args.num_tokens, ctx.dims) : 0;
-  if (smem > kMaxDynamicSmem) return cudaErrorInvalidConfiguration;
+  if (smem > kLlMaxDynamicSmem) return cudaErrorInvalidConfiguration;
   if (kRecv && !kSend && args.ticket_in == nullptr) {
     args.ticket_in = &ctx.counters->ll_dispatch_seq;  // right after its send
   }
@@ -1451,12 +1450,12 @@ size_t LlDispatchSmemBytes(int num_tokens, const EpDims& dims) {
   return DispatchSendSmem(num_tokens, dims);
 }
 
-size_t LlMaxDynamicSmemBytes() { return kMaxDynamicSmem; }
+size_t LlMaxDynamicSmemBytes() { return kLlMaxDynamicSmem; }
 
 cudaError_t PrepareLlKernels() {
   // Load every kernel now (not lazily inside a call while peers spin) and
   // allow large dynamic shared memory for the send part's routing tables.
-  const int max_smem = static_cast<int>(kMaxDynamicSmem);
+  const int max_smem = static_cast<int>(kLlMaxDynamicSmem);
   auto address = [](auto kernel) { return reinterpret_cast<const void*>(kernel); };
   cudaError_t err = cudaSuccess;
   for (const void* kernel : {address(ll_dispatch<false, kSendPart>),

@@ -364,7 +364,7 @@ template <int kParts>
 __global__ void __launch_bounds__(kThreads, 1)
     ll_combine_presummed(LlContext ctx, LlCombineArgs args) {
   constexpr bool kSend = (kParts & kSendPart) != 0, kRecv = (kParts & kRecvPart) != 0;
-  __shared__ int s_masked[kMaxRanks];
+  __shared__ int s_masked[kLlMaxRanks];
   DeviceCounters* counters = ctx.counters;
   const uint32_t seq = call_seq<kSend>(&counters->ll_combine_seq, args.ticket_in);
   load_rank_mask(ctx, s_masked);

@@ -37,12 +37,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from jax_ep import _extension
 from jax_ep.config import PROCESS_WIDE_FIELDS, EpConfig, check_compatible
 
 _ALIGN = 256
-_HT_CHUNK_ROWS = 32  # kHtChunkRows in cuda/ht_types.h
-_HT_PLAN_BLOCKS = 64  # kHtPlanBlocks in cuda/ht_types.h
-_HT_ONE_RANK_PLAN_BLOCKS = 256  # kHtOneRankPlanBlocks in cuda/ht_types.h
 
 
 def _align(value: int, alignment: int = _ALIGN) -> int:
@@ -110,16 +108,18 @@ def buffer_bytes_by_family(config: EpConfig | Sequence[EpConfig], num_ranks: int
     if rdma_staging:
       low_latency += [t * message, t * k * 16, e_local * r * t * 2 * h, e_local * r * t * 4]
   if config.enable_high_throughput:
+    limits = _extension.limits()
     t = config.max_tokens_per_rank
     row = _align(max(2 * h, h + 4 * (h // 128)), 16)
     high_throughput += [2 * r * r * 4, 2 * r * 8, r * t * row, r * t * (h // 128) * 4, r * t * 4,
-                        r * t * k * 4, r * t * k * 4, r * -(-t // _HT_CHUNK_ROWS) * 4]
+                        r * t * k * 4, r * t * k * 4, r * -(-t // limits.ht_chunk_rows) * 4]
     for _ in range(2):
       high_throughput += [r * t * 2 * h, r * 8]
-    plan_block_rows = _HT_ONE_RANK_PLAN_BLOCKS if r == 1 else _HT_PLAN_BLOCKS  # HtPlanBlockRows
+    # cuda/ht_types.h HtPlanBlockRows
+    plan_block_rows = limits.ht_one_rank_plan_blocks if r == 1 else limits.ht_plan_blocks
     high_throughput += [2 * r * e_local * 4, r * t * k * 4, plan_block_rows * e * 4, t * k * 4,
                         e * 4]
     if r == 1:  # the one-rank dispatch's work taking: plan_block_before, plan_token_slot
-      high_throughput += [_HT_ONE_RANK_PLAN_BLOCKS * e * 4, t * 4]
+      high_throughput += [limits.ht_one_rank_plan_blocks * e * 4, t * 4]
   return {"low_latency": sum(_align(s) for s in low_latency),
           "high_throughput": sum(_align(s) for s in high_throughput)}

@@ -42,8 +42,10 @@ def _per_platform(ffi_fn: Callable, jnp_fn: Callable, *args):
   return jax.lax.platform_dependent(*args, cpu=on_cpu, default=on_other)
 
 
-def _ffi(name: str, results, *args, has_side_effect: bool = False, **attrs):
-  return jax.ffi.ffi_call(name, results, has_side_effect=has_side_effect)(*args, **attrs)
+def _ffi(op: str, results, *args, has_side_effect: bool = False, **attrs):
+  """The custom call of CPU handler ``op`` (xla_ffi/exports.h names its target)."""
+  return jax.ffi.ffi_call(_extension.cpu_target(op), results,
+                          has_side_effect=has_side_effect)(*args, **attrs)
 
 
 def first_occurrence(clean_idx: jax.Array) -> jax.Array:
@@ -79,7 +81,7 @@ def layout(topk_idx: jax.Array, *, num_experts: int, num_ranks: int):
                result_type((3,), I32, idx), result_type((num_ranks,), I32, idx),
                result_type((num_experts,), I32, idx),
                result_type((num_tokens, num_ranks), jnp.bool_, idx))
-    return _ffi("jax_ep_cpu_layout", results, idx, num_experts=np.int64(num_experts),
+    return _ffi("layout", results, idx, num_experts=np.int64(num_experts),
                 num_ranks=np.int64(num_ranks))
 
   def jnp_fn(idx):
@@ -116,7 +118,7 @@ def check_invalid(clean_idx: jax.Array, invalid_counts: jax.Array, first_invalid
 
   def ffi_fn(idx, counts, first):
     # A side effect: the check runs even where nothing consumes its result.
-    return _ffi("jax_ep_cpu_check_invalid", result_type(idx.shape, I32, idx), idx, counts, first,
+    return _ffi("check_invalid", result_type(idx.shape, I32, idx), idx, counts, first,
                 has_side_effect=True, num_experts=np.int64(num_experts))
 
   def jnp_fn(idx, counts, first):
@@ -161,7 +163,7 @@ def ht_route(clean_idx: jax.Array, weights: jax.Array, row_offset: jax.Array, *,
                result_type((num_ranks, num_tokens, num_topk), F32, idx),
                result_type((num_tokens, num_ranks), I32, idx),
                result_type((num_tokens, num_ranks), I32, idx))
-    return _ffi("jax_ep_cpu_ht_route", results, idx, w, offset,
+    return _ffi("ht_route", results, idx, w, offset,
                 num_experts=np.int64(num_experts), capacity=np.int64(capacity))
 
   def jnp_fn(idx, w, offset):
@@ -197,7 +199,7 @@ def ht_compact(recv_idx: jax.Array, recv_w: jax.Array, *, experts_per_rank: int,
                result_type((capacity, num_topk), F32, idx),
                result_type((experts_per_rank,), I32, idx), result_type((), I32, idx),
                result_type((), I32, idx))
-    return _ffi("jax_ep_cpu_ht_compact", results, idx, w,
+    return _ffi("ht_compact", results, idx, w,
                 experts_per_rank=np.int64(experts_per_rank))
 
   def jnp_fn(idx, w):
@@ -233,7 +235,7 @@ def ll_route(clean_idx: jax.Array, *, num_experts: int):
   def ffi_fn(idx):
     results = (result_type((num_tokens, num_topk), I32, idx),
                result_type((num_experts, num_tokens), I32, idx))
-    return _ffi("jax_ep_cpu_ll_route", results, idx, num_experts=np.int64(num_experts))
+    return _ffi("ll_route", results, idx, num_experts=np.int64(num_experts))
 
   def jnp_fn(idx):
     first = first_occurrence(idx)
@@ -261,7 +263,7 @@ def ll_compact(recv_mask: jax.Array, *, rows_per_expert: int):
     results = (result_type((experts_per_rank, rows_per_expert), I32, mask),
                result_type((experts_per_rank,), I32, mask),
                result_type((experts_per_rank, rows_per_expert), I32, mask))
-    return _ffi("jax_ep_cpu_ll_compact", results, mask)
+    return _ffi("ll_compact", results, mask)
 
   def jnp_fn(mask):
     arrived = jnp.transpose(mask, (1, 0, 2)).reshape(experts_per_rank, num_ranks * num_tokens) > 0
@@ -294,7 +296,7 @@ def scatter_rows(src: jax.Array, index: jax.Array, num_out_rows: int) -> jax.Arr
   out_shape = (num_out_rows,) + src.shape[1:]
 
   def ffi_fn(rows, idx):
-    return _ffi("jax_ep_cpu_scatter_rows", result_type(out_shape, src.dtype, rows), rows, idx)
+    return _ffi("scatter_rows", result_type(out_shape, src.dtype, rows), rows, idx)
 
   def jnp_fn(rows, idx):
     width = idx.shape[1]
@@ -317,7 +319,7 @@ def gather_rows(src: jax.Array, index: jax.Array) -> jax.Array:
   out_shape = index.shape[:1] + src.shape[1:]
 
   def ffi_fn(rows, idx):
-    return _ffi("jax_ep_cpu_gather_rows", result_type(out_shape, src.dtype, rows), rows, idx)
+    return _ffi("gather_rows", result_type(out_shape, src.dtype, rows), rows, idx)
 
   def jnp_fn(rows, idx):
     if rows.shape[0] == 0:  # every index is out of range (jnp.take refuses an empty axis)
@@ -344,7 +346,7 @@ def gather_sum(src: jax.Array, index: jax.Array) -> jax.Array:
 
   def ffi_fn(rows, idx):
     ones = jnp.ones(idx.shape, F32)  # 1.0f * x is x: the same bits as a plain sum
-    return _ffi("jax_ep_cpu_gather_reduce", result_type(out_shape, src.dtype, rows), rows, idx,
+    return _ffi("gather_reduce", result_type(out_shape, src.dtype, rows), rows, idx,
                 ones)
 
   def term(m, picked, trailing):
@@ -389,7 +391,7 @@ def gather_reduce(src: jax.Array, index: jax.Array, weights: jax.Array) -> jax.A
   out_shape = index.shape[:1] + src.shape[1:]
 
   def ffi_fn(rows, idx, w):
-    return _ffi("jax_ep_cpu_gather_reduce", result_type(out_shape, src.dtype, rows), rows, idx, w)
+    return _ffi("gather_reduce", result_type(out_shape, src.dtype, rows), rows, idx, w)
 
   def jnp_fn(rows, idx, w):
     def term(m, picked, trailing):

@@ -18,6 +18,7 @@
 #include "xla_ffi/cuda/handler_common.h"
 #include "xla_ffi/cuda/ht_handlers.h"
 #include "xla_ffi/cuda/ll_handlers.h"
+#include "xla_ffi/exports_module.h"
 
 namespace nb = nanobind;
 using jax_ep::cuda::EpDims;
@@ -68,6 +69,7 @@ NB_MODULE(_jax_ep_cuda, m) {
   });
   m.attr("ffi_api_version") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
   m.attr("built_with_jaxlib") = JAX_EP_BUILT_WITH_JAXLIB;
+  jax_ep::exports::DefineExports(m);
   m.def("nvshmem_loaded_version", []() { return Version(Runtime::LoadedVersion()); });
   m.def("nvshmem_compiled_version", []() { return Version(Runtime::CompiledVersion()); });
   m.def("has_qp_api", &Runtime::HasQpApi);

@@ -22,7 +22,7 @@ import numpy as np
 from absl import logging
 
 from jax_ep import fp8 as fp8_lib
-from jax_ep._extension import STATUS_CHECK_TARGET
+from jax_ep import _extension
 from jax_ep._vma import match_vma, result_type
 from jax_ep.backends.xla import XlaBackend
 from jax_ep.config import EpConfig
@@ -33,12 +33,6 @@ from jax_ep.types import (DispatchHandle, DispatchResult, ExpertMajorHandle,
 I32 = jnp.int32
 F32 = jnp.float32
 
-HT_MAX_RANKS = 8  # cuda/ht_launch.h kHtMaxRanks: one NVLink domain
-HT_MAX_TOKENS = 65536  # cuda/ht_launch.h kHtMaxTokens: tokens per rank of one HT dispatch
-HT_MAX_EXPERTS_PER_RANK = 1024  # cuda/ht_kernels.cu: the per-expert counters in shared memory
-MAX_TOPK = 32  # cuda/*_kernels.cu: one lane (or thread) per top-k entry
-LL_MAX_RANKS = 1024  # cuda/ll_kernels.cu kMaxRanks
-LL_MAX_ROUTING_BYTES = 200 * 1024  # cuda/ll_kernels.cu kMaxDynamicSmem
 HT_ROW_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)  # float32 rows travel in two passes
 
 
@@ -59,12 +53,15 @@ def _status_token() -> jax.Array:
   that follows a recorded fault, inside command buffers too
   (xla_ffi/cuda/handler_common.h). On every call instead, it would cost each
   call host time before the executable's launch."""
-  return jax.ffi.ffi_call(STATUS_CHECK_TARGET, jax.ShapeDtypeStruct((), I32))(jnp.zeros((), I32))
+  return jax.ffi.ffi_call(_extension.cuda_target("status_check"),
+                          jax.ShapeDtypeStruct((), I32))(jnp.zeros((), I32))
 
 
-def _call(target: str, results, *args, **attrs):
+def _call(op: str, results, *args, **attrs):
+  """The custom call of CUDA handler ``op`` (xla_ffi/exports.h names its target)."""
   args = match_vma(*args, _status_token())
-  return jax.ffi.ffi_call(target, results, has_side_effect=True)(*args, **attrs)
+  return jax.ffi.ffi_call(_extension.cuda_target(op), results, has_side_effect=True)(*args,
+                                                                                       **attrs)
 
 
 # ---------------------------------------------------------------- fallbacks
@@ -94,16 +91,19 @@ def ht_unsupported(config: EpConfig, num_ranks: int) -> tuple[str, str] | None:
   if not config.enable_high_throughput:
     return ("EpConfig(enable_high_throughput=False): no high-throughput buffers were allocated",
             "set enable_high_throughput=True (the HT kernels need every EP peer on NVLink)")
-  if num_ranks > HT_MAX_RANKS:
+  limits = _extension.limits()
+  if num_ranks > limits.ht_max_ranks:
     return (f"{num_ranks} EP ranks; the HT kernels serve one NVLink domain of at most "
-            f"{HT_MAX_RANKS} ranks", f"use at most {HT_MAX_RANKS} ranks on the EP axis")
-  if config.num_topk > MAX_TOPK:
-    return (f"num_topk={config.num_topk} > {MAX_TOPK}", f"use num_topk <= {MAX_TOPK}")
-  if config.experts_per_rank(num_ranks) > HT_MAX_EXPERTS_PER_RANK:
+            f"{limits.ht_max_ranks} ranks", f"use at most {limits.ht_max_ranks} ranks on the EP "
+            "axis")
+  if config.num_topk > limits.max_topk:
+    return (f"num_topk={config.num_topk} > {limits.max_topk}",
+            f"use num_topk <= {limits.max_topk}")
+  if config.experts_per_rank(num_ranks) > limits.ht_max_experts_per_rank:
     return (f"{config.experts_per_rank(num_ranks)} experts per rank > "
-            f"{HT_MAX_EXPERTS_PER_RANK}",
-            f"use at most {HT_MAX_EXPERTS_PER_RANK} experts per rank (more EP ranks, or fewer "
-            "experts)")
+            f"{limits.ht_max_experts_per_rank}",
+            f"use at most {limits.ht_max_experts_per_rank} experts per rank (more EP ranks, or "
+            "fewer experts)")
   if config.hidden % 8:
     return (f"hidden={config.hidden} is not a multiple of 8 (16-byte rows)",
             "pad hidden to a multiple of 8")
@@ -113,9 +113,10 @@ def ht_unsupported(config: EpConfig, num_ranks: int) -> tuple[str, str] | None:
 def ht_payload_unsupported(payloads, config: EpConfig) -> tuple[str, str] | None:
   """(reason, fix) when the HT dispatch kernel cannot move these rows, else None."""
   num_tokens = payloads[0].shape[0]
-  if num_tokens > HT_MAX_TOKENS:
-    return (f"{num_tokens} tokens per rank > {HT_MAX_TOKENS} (the kernel's send plan lives in "
-            "shared memory)", f"dispatch at most {HT_MAX_TOKENS} tokens per call")
+  max_tokens = _extension.limits().ht_max_tokens
+  if num_tokens > max_tokens:
+    return (f"{num_tokens} tokens per rank > {max_tokens} (the kernel's send plan lives in "
+            "shared memory)", f"dispatch at most {max_tokens} tokens per call")
   if len(payloads) == 2:
     if config.hidden % 16:
       return (f"FP8 rows of hidden={config.hidden} are not 16-byte multiples",
@@ -134,16 +135,20 @@ def ll_unsupported(x_dtype, num_tokens: int, config: EpConfig, num_ranks: int,
   if x_dtype != jnp.bfloat16:
     return (f"rows of dtype {jnp.dtype(x_dtype)}; the LL kernels move bfloat16 rows",
             "cast to bfloat16 (use_fp8=True sends FP8)")
-  if num_ranks > LL_MAX_RANKS:
-    return f"{num_ranks} EP ranks > {LL_MAX_RANKS}", f"use at most {LL_MAX_RANKS} EP ranks"
-  if config.num_topk > MAX_TOPK:
-    return f"num_topk={config.num_topk} > {MAX_TOPK}", f"use num_topk <= {MAX_TOPK}"
+  limits = _extension.limits()
+  if num_ranks > limits.ll_max_ranks:
+    return (f"{num_ranks} EP ranks > {limits.ll_max_ranks}",
+            f"use at most {limits.ll_max_ranks} EP ranks")
+  if config.num_topk > limits.max_topk:
+    return (f"num_topk={config.num_topk} > {limits.max_topk}",
+            f"use num_topk <= {limits.max_topk}")
   if config.hidden % 8:
     return (f"hidden={config.hidden} is not a multiple of 8 (16-byte rows)",
             "pad hidden to a multiple of 8")
   if dispatch and not ll_routing_fits(num_tokens, config):
     return (f"{num_tokens} tokens x top-{config.num_topk} with {config.num_experts} experts "
-            f"exceed the dispatch kernel's {LL_MAX_ROUTING_BYTES // 1024} KB routing table",
+            f"exceed the dispatch kernel's {limits.ll_max_dynamic_smem_bytes // 1024} KB routing "
+            "table",
             "send fewer tokens per low-latency call, or use jax_ep.dispatch (high throughput)")
   return None
 
@@ -178,7 +183,7 @@ def ll_routing_fits(num_tokens: int, config: EpConfig) -> bool:
   every token's top-k and two expert histograms, 4 bytes each
   (cuda/ll_kernels.cu DispatchSendSmem)."""
   entries = num_tokens * config.num_topk + 2 * config.num_experts
-  return 4 * entries <= LL_MAX_ROUTING_BYTES
+  return 4 * entries <= _extension.limits().ll_max_dynamic_smem_bytes
 
 
 def cached_routing(send_row: jax.Array, config: EpConfig) -> jax.Array:
@@ -272,7 +277,7 @@ class CudaBackend(XlaBackend):
                result_type((), I32, x), result_type((), I32, x),
                result_type((capacity,), I32, x), result_type((num_tokens, num_ranks), I32, x))
     (out_x, out_scales, out_idx, out_w, num_kept, tokens_per_expert, num_dropped, num_invalid,
-     recv_src, send_row) = _call("jax_ep_ht_dispatch", results, x, scales, topk_idx,
+     recv_src, send_row) = _call("ht_dispatch", results, x, scales, topk_idx,
                                  topk_weights, capacity=np.int64(capacity),
                                  config=config_attr(config, num_ranks))
     handle = DispatchHandle(recv_src=recv_src, send_row=send_row, num_tokens=num_kept,
@@ -320,7 +325,7 @@ class CudaBackend(XlaBackend):
     width = rows.shape[1]
     padded = _pad_columns(rows)
     out = result_type((handle.send_row.shape[0], padded.shape[1]), rows.dtype, rows)
-    summed = _call("jax_ep_ht_combine", out, padded, handle.recv_src, handle.send_row,
+    summed = _call("ht_combine", out, padded, handle.recv_src, handle.send_row,
                    handle.num_tokens, capacity=np.int64(rows.shape[0]),
                    config=config_attr(config, num_ranks))
     return summed[:, :width] if padded.shape[1] != width else summed
@@ -368,7 +373,7 @@ class CudaBackend(XlaBackend):
                result_type((capacity, k), I32, x), result_type((capacity, k), I32, x))
     (out_x, out_scales, pair_expert, pair_weight, pair_src, num_pairs, tokens_per_expert,
      group_sizes, num_dropped, num_invalid, recv_src, send_row, num_kept, slot_row,
-     rows_by_expert) = _call("jax_ep_ht_dispatch_expert_major", results, x, scales, topk_idx,
+     rows_by_expert) = _call("ht_dispatch_expert_major", results, x, scales, topk_idx,
                              topk_weights, capacity=np.int64(capacity),
                              num_rows=np.int64(num_rows), alignment=np.int64(alignment),
                              config=config_attr(config, num_ranks))
@@ -418,7 +423,7 @@ class CudaBackend(XlaBackend):
     width = rows.shape[1]
     padded = _pad_columns(rows)
     out = result_type((token_major.send_row.shape[0], padded.shape[1]), rows.dtype, rows)
-    summed = _call("jax_ep_ht_combine_expert_major", out, padded, handle.rows_by_expert,
+    summed = _call("ht_combine_expert_major", out, padded, handle.rows_by_expert,
                    token_major.recv_src, token_major.send_row, token_major.num_tokens,
                    capacity=np.int64(token_major.recv_src.shape[0]),
                    config=config_attr(config, num_ranks))
@@ -433,7 +438,7 @@ class CudaBackend(XlaBackend):
     if ht_unsupported(config, num_ranks) is not None:
       return super().ht_slot_values(values, handle)
     out = result_type(handle.slot_row.shape, F32, values)
-    return _call("jax_ep_ht_slot_values", out, values.astype(F32), handle.slot_row,
+    return _call("ht_slot_values", out, values.astype(F32), handle.slot_row,
                  config=config_attr(config, num_ranks))
 
   # ---------------------------------------------------------------- LL
@@ -492,7 +497,7 @@ class CudaBackend(XlaBackend):
     experts_per_rank = config.experts_per_rank(num_ranks)
     out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, topk_idx)
     no_pair_values = result_type((topk_idx.shape[0], 0), F32, topk_idx)
-    result, _ = _call("jax_ep_ll_combine", (out, no_pair_values), rows,
+    result, _ = _call("ll_combine", (out, no_pair_values), rows,
                       jnp.zeros((experts_per_rank, 0), F32), handle.row_weights.astype(F32),
                       handle.recv_src, handle.count, topk_idx,
                       jnp.zeros((topk_idx.shape[0], 0), F32),
@@ -510,7 +515,7 @@ class CudaBackend(XlaBackend):
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
     out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, topk_idx)
-    return _call("jax_ep_ll_combine_recv", out, sent.payload, topk_idx,
+    return _call("ll_combine_recv", out, sent.payload, topk_idx,
                  jnp.zeros((topk_idx.shape[0], 0), F32), config=config_attr(config, num_ranks))
 
   @staticmethod
@@ -534,7 +539,7 @@ class CudaBackend(XlaBackend):
         result_type((experts_per_rank, rows if with_weights else 0), F32, x),
         result_type((), I32, x))
     out, scales, count, recv_src, row_weights, num_invalid = _call(
-        "jax_ep_ll_dispatch", results, x, topk_idx, weights_in, use_fp8=bool(use_fp8),
+        "ll_dispatch", results, x, topk_idx, weights_in, use_fp8=bool(use_fp8),
         config=config_attr(config, num_ranks))
     handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config,
                               num_tokens=x.shape[0], live=live)
@@ -592,7 +597,7 @@ class CudaBackend(XlaBackend):
                result_type((num_tokens, config.num_topk if row_values.shape[1] else 0), F32,
                            like))
     no_row_weights = jnp.zeros((experts_per_rank, 0), F32)
-    return _call("jax_ep_ll_combine", results, rows, row_values, no_row_weights, handle.recv_src,
+    return _call("ll_combine", results, rows, row_values, no_row_weights, handle.recv_src,
                  handle.count, topk_idx, topk_weights.astype(F32),
                  config=config_attr(config, num_ranks))
 
@@ -616,7 +621,7 @@ class CudaBackend(XlaBackend):
     with_weights = topk_weights is not None
     weights_in = (topk_weights.astype(F32) if with_weights
                   else jnp.zeros((x.shape[0], 0), F32))
-    sent = _call("jax_ep_ll_dispatch_send", (result_type((), I32, x), result_type((), I32, x)),
+    sent = _call("ll_dispatch_send", (result_type((), I32, x), result_type((), I32, x)),
                  x, topk_idx, weights_in, use_fp8=bool(use_fp8),
                  config=config_attr(config, num_ranks))
     return LowLatencySent(path=self._KERNEL_PATHS[with_weights], payload=tuple(sent))
@@ -634,7 +639,7 @@ class CudaBackend(XlaBackend):
         result_type((config.experts_per_rank(num_ranks), rows if with_weights else 0), F32,
                     ticket),)
     out, scales, count, recv_src, row_weights = _call(
-        "jax_ep_ll_dispatch_recv", results, ticket, use_fp8=bool(use_fp8),
+        "ll_dispatch_recv", results, ticket, use_fp8=bool(use_fp8),
         num_tokens=np.int64(num_tokens), config=config_attr(config, num_ranks))
     handle = LowLatencyHandle(recv_src=recv_src, count=count, config=config,
                               num_tokens=num_tokens, live=live,
@@ -660,7 +665,7 @@ class CudaBackend(XlaBackend):
       return portable(rows, handle)
     row_weights = (handle.row_weights.astype(F32) if presummed
                    else jnp.zeros((config.experts_per_rank(num_ranks), 0), F32))
-    ticket = _call("jax_ep_ll_combine_send", result_type((), I32, rows), rows, row_weights,
+    ticket = _call("ll_combine_send", result_type((), I32, rows), rows, row_weights,
                    handle.recv_src, handle.count, num_tokens=np.int64(handle.num_tokens),
                    config=config_attr(config, num_ranks))
     return LowLatencySent(path="kernel", payload=ticket)
@@ -672,14 +677,13 @@ class CudaBackend(XlaBackend):
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
     out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, topk_idx)
-    return _call("jax_ep_ll_combine_recv", out, sent.payload, topk_idx,
+    return _call("ll_combine_recv", out, sent.payload, topk_idx,
                  topk_weights.astype(F32), config=config_attr(config, num_ranks))
 
 
 def lowering_check_targets() -> tuple[str, ...]:
   """FFI targets the CUDA backend emits (tests look for them in lowered HLO)."""
-  return ("jax_ep_ht_dispatch", "jax_ep_ht_combine", "jax_ep_ht_dispatch_expert_major",
-          "jax_ep_ht_combine_expert_major", "jax_ep_ht_slot_values", "jax_ep_ll_dispatch",
-          "jax_ep_ll_combine",
-          "jax_ep_ll_dispatch_send",
-          "jax_ep_ll_dispatch_recv", "jax_ep_ll_combine_send", "jax_ep_ll_combine_recv")
+  return tuple(_extension.cuda_target(op) for op in (
+      "ht_dispatch", "ht_combine", "ht_dispatch_expert_major", "ht_combine_expert_major",
+      "ht_slot_values", "ll_dispatch", "ll_combine", "ll_dispatch_send", "ll_dispatch_recv",
+      "ll_combine_send", "ll_combine_recv"))

@@ -190,14 +190,15 @@ def test_high_throughput_gradients_lower_to_the_cuda_targets():
                              "jax_ep_ht_dispatch"], targets
 
 
-@pytest.mark.parametrize("tokens", [65536, 65537])
-def test_high_throughput_dispatch_past_the_kernels_token_limit_takes_the_portable_path(tokens):
+@pytest.mark.parametrize("past_limit", [0, 1])
+def test_high_throughput_dispatch_past_the_kernels_token_limit_takes_the_portable_path(
+    past_limit):
   """The HT dispatch kernel keeps a byte per token in shared memory (at most
-  HT_MAX_TOKENS = 65536 per rank); a larger call lowers to the portable exchange,
-  and its combine still runs on the kernel (the handle is the same either way)."""
-  from jax_ep.backends import cuda as cuda_backend  # pylint: disable=import-outside-toplevel
-
-  assert cuda_backend.HT_MAX_TOKENS == 65536
+  limits().ht_max_tokens per rank, exported by the extension); a larger call
+  lowers to the portable exchange, and its combine still runs on the kernel
+  (the handle is the same either way)."""
+  max_tokens = _extension.limits().ht_max_tokens
+  tokens = max_tokens + past_limit
   big = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=tokens, num_topk=4,
                         fallback="allow")
 
@@ -209,7 +210,7 @@ def test_high_throughput_dispatch_past_the_kernels_token_limit_takes_the_portabl
                          ((2 * tokens, 4), jnp.float32), config=big)
   targets = _targets(_custom_calls(text))
   assert "jax_ep_ht_combine" in targets, targets
-  if tokens <= cuda_backend.HT_MAX_TOKENS:
+  if tokens <= max_tokens:
     assert "jax_ep_ht_dispatch" in targets, targets
   else:
     assert "jax_ep_ht_dispatch" not in targets and "all_to_all" in text, targets

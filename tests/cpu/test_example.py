@@ -96,8 +96,8 @@ def test_moe_layer_step_runs_on_the_ht_kernels_on_cuda(num_ranks):
   assert set(moe_layer.HT_KERNELS) <= set(cuda_backend.lowering_check_targets())
   # What jax_ep_custom_calls leaves out is the check the backend emits (and the
   # lowered step has it).
-  assert moe_layer.STATUS_CHECK == _extension.STATUS_CHECK_TARGET
-  assert f"@{_extension.STATUS_CHECK_TARGET}(" in text
+  assert moe_layer.STATUS_CHECK == _extension.cuda_target("status_check")
+  assert f"@{_extension.cuda_target('status_check')}(" in text
 
 
 def test_moe_layer_picks_bf16_on_gpus():

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "xla_ffi/cpu/portable_ops.h"
+#include "xla_ffi/exports.h"
 
 namespace jax_ep::cpu {
 namespace {
@@ -339,15 +340,15 @@ XLA_FFI_DEFINE_HANDLER(kGatherReduce, GatherReduceImpl,
                            .Ret<ffi::AnyBuffer>());
 
 const HandlerEntry kHandlers[] = {
-    {"jax_ep_cpu_layout", kLayout},
-    {"jax_ep_cpu_check_invalid", kCheckInvalid},
-    {"jax_ep_cpu_ht_route", kHtRoute},
-    {"jax_ep_cpu_ht_compact", kHtCompact},
-    {"jax_ep_cpu_ll_route", kLlRoute},
-    {"jax_ep_cpu_ll_compact", kLlCompact},
-    {"jax_ep_cpu_scatter_rows", kScatterRows},
-    {"jax_ep_cpu_gather_rows", kGatherRows},
-    {"jax_ep_cpu_gather_reduce", kGatherReduce},
+    {exports::kCpuLayout, kLayout},
+    {exports::kCpuCheckInvalid, kCheckInvalid},
+    {exports::kCpuHtRoute, kHtRoute},
+    {exports::kCpuHtCompact, kHtCompact},
+    {exports::kCpuLlRoute, kLlRoute},
+    {exports::kCpuLlCompact, kLlCompact},
+    {exports::kCpuScatterRows, kScatterRows},
+    {exports::kCpuGatherRows, kGatherRows},
+    {exports::kCpuGatherReduce, kGatherReduce},
     {nullptr, nullptr},
 };
 

@@ -32,6 +32,7 @@
 
 #include "cuda/ht_launch.h"
 #include "xla_ffi/cuda/handler_common.h"
+#include "xla_ffi/exports.h"
 
 namespace jax_ep::ffi_cuda {
 namespace {
@@ -44,6 +45,13 @@ using F32Matrix = ffi::Buffer<ffi::F32, 2>;
 
 constexpr const char* kDispatch = "dispatch";
 constexpr const char* kCombine = "combine";
+
+// "R <= 8, E_local <= 1024, K <= 32", from the kernels' limits.
+std::string KernelBounds() {
+  return "R <= " + std::to_string(cuda::kHtMaxRanks) +
+         ", E_local <= " + std::to_string(cuda::kHtMaxExpertsPerRank) +
+         ", K <= " + std::to_string(cuda::kMaxTopk);
+}
 
 size_t RowBytes(const ffi::AnyBuffer& buffer) {
   auto dims = buffer.dimensions();
@@ -167,8 +175,9 @@ ffi::Error HtDispatchImpl(cudaStream_t stream, int32_t device, CallConfig config
   const cudaError_t err = LaunchDispatchPasses(call, args, buffer_row_bytes, stream);
   if (err == cudaErrorInvalidValue) {
     return ffi::Error::InvalidArgument(
-        "jax_ep dispatch: the HT kernels need R <= 8, E_local <= 1024, K <= 32 and rows that are "
-        "a multiple of 16 bytes (jax_ep takes the portable path for other configs)");
+        "jax_ep dispatch: the HT kernels need " + KernelBounds() +
+        " and rows that are a multiple of 16 bytes (jax_ep takes the portable path for other "
+        "configs)");
   }
   return LaunchError(kDispatch, err);
 }
@@ -233,8 +242,8 @@ ffi::Error HtDispatchExpertMajorImpl(
   if (err == cudaSuccess) err = LaunchDispatchPasses(call, args, buffer_row_bytes, stream);
   if (err == cudaErrorInvalidValue) {
     return ffi::Error::InvalidArgument(
-        "jax_ep dispatch (expert-major): the HT kernels need R <= 8, E_local <= 1024, K <= 32, "
-        "rows that are a multiple of 16 bytes and a send plan that fits shared memory (jax_ep "
+        "jax_ep dispatch (expert-major): the HT kernels need " + KernelBounds() +
+        ", rows that are a multiple of 16 bytes and a send plan that fits shared memory (jax_ep "
         "takes the portable path for other configs)");
   }
   return LaunchError(kDispatch, err);
@@ -418,11 +427,11 @@ XLA_FFI_DEFINE_HANDLER(kHtSlotValues, HtSlotValuesImpl,
                        {ffi::Traits::kCmdBufferCompatible});
 
 void AppendHtHandlers(std::vector<HandlerEntry>* entries) {
-  entries->push_back({"jax_ep_ht_dispatch", kHtDispatch});
-  entries->push_back({"jax_ep_ht_combine", kHtCombine});
-  entries->push_back({"jax_ep_ht_dispatch_expert_major", kHtDispatchExpertMajor});
-  entries->push_back({"jax_ep_ht_combine_expert_major", kHtCombineExpertMajor});
-  entries->push_back({"jax_ep_ht_slot_values", kHtSlotValues});
+  entries->push_back({exports::kHtDispatch, kHtDispatch});
+  entries->push_back({exports::kHtCombine, kHtCombine});
+  entries->push_back({exports::kHtDispatchExpertMajor, kHtDispatchExpertMajor});
+  entries->push_back({exports::kHtCombineExpertMajor, kHtCombineExpertMajor});
+  entries->push_back({exports::kHtSlotValues, kHtSlotValues});
 }
 
 }  // namespace jax_ep::ffi_cuda

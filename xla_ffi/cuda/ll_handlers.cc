@@ -30,6 +30,7 @@
 
 #include "cuda/ll_launch.h"
 #include "xla_ffi/cuda/handler_common.h"
+#include "xla_ffi/exports.h"
 
 namespace jax_ep::ffi_cuda {
 namespace {
@@ -441,12 +442,12 @@ XLA_FFI_DEFINE_HANDLER(kLlCombineRecv, LlCombineRecvImpl,
                        {ffi::Traits::kCmdBufferCompatible});
 
 void AppendLlHandlers(std::vector<HandlerEntry>* entries) {
-  entries->push_back({"jax_ep_ll_dispatch", kLlDispatch});
-  entries->push_back({"jax_ep_ll_combine", kLlCombine});
-  entries->push_back({"jax_ep_ll_dispatch_send", kLlDispatchSend});
-  entries->push_back({"jax_ep_ll_dispatch_recv", kLlDispatchRecv});
-  entries->push_back({"jax_ep_ll_combine_send", kLlCombineSend});
-  entries->push_back({"jax_ep_ll_combine_recv", kLlCombineRecv});
+  entries->push_back({exports::kLlDispatch, kLlDispatch});
+  entries->push_back({exports::kLlCombine, kLlCombine});
+  entries->push_back({exports::kLlDispatchSend, kLlDispatchSend});
+  entries->push_back({exports::kLlDispatchRecv, kLlDispatchRecv});
+  entries->push_back({exports::kLlCombineSend, kLlCombineSend});
+  entries->push_back({exports::kLlCombineRecv, kLlCombineRecv});
 }
 
 }  // namespace jax_ep::ffi_cuda
