@@ -16,6 +16,7 @@ import os
 import pickle
 import socket
 import sys
+from typing import Callable
 
 import jax
 from absl import logging
@@ -230,12 +231,14 @@ def _different_configs(per_process: list[tuple[EpConfig, ...]]) -> str:
 
 
 def initialize(configs: tuple[EpConfig, ...], mesh: jax.sharding.Mesh,
-               previous: CudaRuntime | None, *, reallocate: bool = False) -> CudaRuntime:
+               previous: CudaRuntime | None, *, reallocate: bool = False,
+               before_buffers_move: Callable[[], None] = lambda: None) -> CudaRuntime:
   """Brings up the CUDA runtime for ``configs`` on ``mesh``, or re-sizes it.
 
   One set of symmetric buffers serves every config: it is allocated for
-  ``sizing_config(configs)``. It is re-allocated (collective; JAX's caches
-  cleared first, since executables hold the buffers' addresses) when that
+  ``sizing_config(configs)``. It is re-allocated (collective;
+  ``before_buffers_move`` runs first: the runtime drops JAX's caches there,
+  since executables hold the buffers' addresses) when that
   sizing, the EP group or the RDMA staging differs from ``previous``'s, or
   when ``reallocate`` (on any process: they all decide alike); otherwise
   ``previous``'s buffers are kept and the executables compiled for them stay
@@ -295,8 +298,9 @@ def initialize(configs: tuple[EpConfig, ...], mesh: jax.sharding.Mesh,
            and previous.group_pes == group_pes and previous.rdma_staging == rdma_staging)
   # Allocation is collective: every process re-allocates if any must.
   if b"1" in _exchange(f"jax_ep/{generation}/allocate", b"0" if keeps else b"1"):
-    _allocate(module, config, configs, group_pes, rank, num_ranks, rdma_staging,
-              previous is not None)
+    if previous is not None:
+      before_buffers_move()
+    _allocate(module, config, configs, group_pes, rank, num_ranks, rdma_staging)
   module.set_mask_on_timeout(bool(config.mask_on_timeout))
   if config.mask_on_timeout and num_ranks > 1 and not jax.config.jax_enable_recoverability:
     logging.warning(
@@ -310,12 +314,8 @@ def initialize(configs: tuple[EpConfig, ...], mesh: jax.sharding.Mesh,
 
 
 def _allocate(module, config: EpConfig, configs: tuple[EpConfig, ...], group_pes: tuple[int, ...],
-              rank: int, num_ranks: int, rdma_staging: bool, replacing: bool) -> None:
+              rank: int, num_ranks: int, rdma_staging: bool) -> None:
   """(Re)allocates the symmetric buffers for ``config``, the sizing of ``configs``."""
-  if replacing:
-    # Compiled executables (and command buffers captured from them) hold the
-    # old buffers' addresses: drop them before the buffers move.
-    jax.clear_caches()
   families = buffer_bytes_by_family(config, num_ranks, rdma_staging=rdma_staging)
   sizes = (f"low latency {families['low_latency'] / 2**30:.2f} GiB for "
            f"{config.ll_max_tokens} tokens per rank, high throughput "

@@ -78,6 +78,42 @@ class RuntimeState:
 _state: Optional[RuntimeState] = None
 
 
+def _drop_traces(why: str) -> None:
+  """The one mechanism by which jitted functions trace again: jax_ep's only
+  ``jax.clear_caches()``.
+
+  A trace reads the runtime state once (the held configs, the backend, the
+  rank mask) and a compiled executable holds the CUDA buffers' addresses, so
+  JAX's caches must go when any of those changes: ``_set_state`` decides for
+  the state, and the CUDA runtime calls this before its buffers move."""
+  logging.vlog(1, "jax_ep: clearing JAX's caches (%s); jitted functions trace again", why)
+  jax.clear_caches()
+
+
+def _traces_outdated(old: Optional[RuntimeState], new: Optional[RuntimeState]) -> str:
+  """Why traces made under ``old`` must not run under ``new``, or ""."""
+  if old is None:
+    return ""  # no jax_ep op traces without a state
+  if new is None:
+    return "jax_ep.finalize"
+  if not set(old.configs) <= set(new.configs):
+    return "a config held before is no longer held"
+  if old.backend_name != new.backend_name:
+    return f"the backend changed from {old.backend_name} to {new.backend_name}"
+  if old.masked != new.masked:
+    return "the rank mask changed"
+  return ""
+
+
+def _set_state(new: Optional[RuntimeState]) -> None:
+  """The one way the state changes; drops stale traces (``_drop_traces``)."""
+  global _state
+  old, _state = _state, new
+  why = _traces_outdated(old, new)
+  if why:
+    _drop_traces(why)
+
+
 def _mesh_platform(mesh: jax.sharding.Mesh) -> str:
   return mesh.devices.flat[0].platform
 
@@ -146,7 +182,6 @@ def initialize(config: EpConfig | Sequence[EpConfig], mesh: jax.sharding.Mesh, *
       the configs differ in a field they must share (the message names it).
     EpError: the chosen backend cannot start (the message says why).
   """
-  global _state
   configs = _as_configs(config, "initialize")
   num_ranks = _group_size(configs, mesh)
   choice = _choose_backend(backend or os.environ.get("JAX_EP_BACKEND", "auto"), mesh)
@@ -158,20 +193,19 @@ def initialize(config: EpConfig | Sequence[EpConfig], mesh: jax.sharding.Mesh, *
   # have left them mid-protocol), as with any change of the CUDA buffers' sizing.
   was_masked = previous is not None and bool(previous.masked_ranks())
   unmask_all()  # masks name ranks of the previous set-up
-  if previous is not None and not set(previous.configs) <= set(configs):
-    # Traces cached for a dropped config would still run; trace them again.
-    jax.clear_caches()
   if choice == "xla":
     if previous is not None and previous.cuda is not None:
+      _drop_traces("the CUDA buffers are released")
       previous.cuda.release_buffers()
-    _state = RuntimeState(config=configs[0], num_ranks=num_ranks, backend=XlaBackend(),
-                          mesh=mesh, configs=configs)
+    _set_state(RuntimeState(config=configs[0], num_ranks=num_ranks, backend=XlaBackend(),
+                            mesh=mesh, configs=configs))
     return
   from jax_ep import cuda_runtime  # pylint: disable=import-outside-toplevel
-  runtime = cuda_runtime.initialize(configs, mesh, previous.cuda if previous else None,
-                                    reallocate=was_masked)
-  _state = RuntimeState(config=configs[0], num_ranks=num_ranks, backend=CudaBackend(),
-                        mesh=mesh, cuda=runtime, configs=configs)
+  runtime = cuda_runtime.initialize(
+      configs, mesh, previous.cuda if previous else None, reallocate=was_masked,
+      before_buffers_move=lambda: _drop_traces("the CUDA buffers are re-allocated"))
+  _set_state(RuntimeState(config=configs[0], num_ranks=num_ranks, backend=CudaBackend(),
+                          mesh=mesh, cuda=runtime, configs=configs))
 
 
 def finalize() -> None:
@@ -179,11 +213,10 @@ def finalize() -> None:
   compiled executables refer to the buffers). Safe to call twice. When an EP
   peer does not come (it died), NVSHMEM's collective teardown is skipped with a
   warning instead of waiting for it: the process should then exit."""
-  global _state
   unmask_all()
-  state_before, _state = _state, None
+  state_before = _state
+  _set_state(None)   # executables refer to the buffers: dropped first
   _drop_failed_runtime_tokens()
-  jax.clear_caches()
   from jax_ep import cuda_runtime  # pylint: disable=import-outside-toplevel
   skipped = cuda_runtime.finalize(state_before.cuda if state_before is not None else None)
   if skipped:
@@ -274,17 +307,16 @@ def mask_rank(rank: int) -> None:
   """Masks EP rank ``rank`` (0 <= rank < R) for this process's low-latency ops
   (semantics: jax_ep/masking.py). Clears JAX's caches: jitted functions
   retrace with the new mask."""
-  global _state
   current = _state
   if current is None:
     raise EpError("jax_ep.mask_rank: call jax_ep.initialize(config, mesh) first")
   rank = masking.check_rank(rank, current.num_ranks, "mask_rank")
   if rank in current.masked:
     return
-  _state = dataclasses.replace(current, masked=current.masked | {rank})
+  masked = dataclasses.replace(current, masked=current.masked | {rank})
   if current.cuda is not None:
-    current.cuda.set_masked(_state.masked_ranks())
-  jax.clear_caches()
+    current.cuda.set_masked(masked.masked_ranks())
+  _set_state(masked)
 
 
 def masked_ranks() -> tuple[int, ...]:
@@ -295,15 +327,13 @@ def masked_ranks() -> tuple[int, ...]:
 
 def unmask_all() -> None:
   """Clears every mask of this process."""
-  global _state
   current = _state
   if current is None:
     return
   if current.cuda is not None and current.cuda.masked():
     current.cuda.set_masked(())
   if current.masked:
-    _state = dataclasses.replace(current, masked=frozenset())
-    jax.clear_caches()
+    _set_state(dataclasses.replace(current, masked=frozenset()))
 
 
 # ---------------------------------------------------------------- faults
@@ -349,16 +379,15 @@ def lowering_only(config: EpConfig | Sequence[EpConfig], mesh: jax.sharding.Mesh
   ``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))``; the result
   cannot run. Restores the previous state on exit.
   """
-  global _state
   backends = {"cuda": CudaBackend, "xla": XlaBackend}
   if backend not in backends:
     raise EpConfigError(f"backend must be one of {sorted(backends)}, got {backend!r}")
   configs = _as_configs(config, "lowering_only")
   num_ranks = _group_size(configs, mesh)
   previous = _state
-  _state = RuntimeState(config=configs[0], num_ranks=num_ranks, backend=backends[backend](),
-                        mesh=mesh, configs=configs)
+  _set_state(RuntimeState(config=configs[0], num_ranks=num_ranks, backend=backends[backend](),
+                          mesh=mesh, configs=configs))
   try:
     yield
   finally:
-    _state = previous
+    _set_state(previous)
