@@ -60,13 +60,13 @@ struct DeviceCounters {
   uint32_t ll_dispatch_lost;        // 1: a wait of this LL dispatch receive lost rows (reset by
                                     // its last block)
   uint32_t reserved[1];
-  // One-rank expert-major HT dispatch (ht_kernels.cu): (seq, the next work
+  // One-rank expert-major HT dispatch (ht_dispatch.cu): (seq, the next work
   // item: tokens, then padding rows), set to (seq, 0) by block 0 before its
   // ht_block_rows word, then taken by every warp (atomicAdd); never reset.
   uint64_t ht_work_next;
   // One-rank HT dispatch: block b's (seq, rows of its token range), written once
   // per dispatch by block b, read by every block of the same kernel
-  // (ht_kernels.cu single_rank_plan); never reset.
+  // (ht_dispatch.cu single_rank_plan); never reset.
   uint64_t ht_block_rows[kMaxHtBlocks];
   // One-rank expert-major HT dispatch: (seq, 0) from block b once its row of
   // plan_block_before is written (st.release.gpu), read by every warp that

@@ -1,4 +1,4 @@
-// What both HT combines' receive kernels (ht_kernels.cu, ht_pair_combine.cu)
+// What both HT combines' receive kernels (ht_combine.cu, ht_pair_combine.cu)
 // do alike: find the ranks whose rows of this combine never came, and void
 // the tokens that needed them.
 #ifndef JAX_EP_CUDA_HT_COMBINE_COMMON_CUH_

@@ -1,4 +1,5 @@
-// Host launchers of the high-throughput kernels (ht_kernels.cu). Plain C++.
+// Host launchers of the high-throughput kernels (ht_dispatch.cu, ht_combine.cu,
+// ht_pair_plan.cu, ht_pair_combine.cu). Plain C++.
 #ifndef JAX_EP_CUDA_HT_LAUNCH_H_
 #define JAX_EP_CUDA_HT_LAUNCH_H_
 
@@ -116,7 +117,14 @@ cudaError_t LaunchHtPairCombine(const HtContext& ctx, const HtPairCombineArgs& a
 cudaError_t LaunchHtSlotValues(const float* values, const int32_t* slot_row, int num_slots,
                                float* out, cudaStream_t stream);
 
-cudaError_t PrepareHtKernels();
+// Load the HT kernels and set their shared memory limits (at initialize, not
+// lazily inside a call while peers spin).
+cudaError_t PrepareHtDispatchKernels();  // ht_dispatch.cu
+cudaError_t PrepareHtCombineKernels();   // ht_combine.cu
+inline cudaError_t PrepareHtKernels() {
+  const cudaError_t err = PrepareHtDispatchKernels();
+  return err != cudaSuccess ? err : PrepareHtCombineKernels();
+}
 cudaError_t PrepareHtPairPlan();
 
 }  // namespace jax_ep::cuda

@@ -3,7 +3,7 @@
 // gradient's per-slot values.
 //
 // PROTOCOL (seq = ht_combine_seq + 1 for each pass: the token-major combine's
-// counter, receive rows, flags and parity rules, ht_kernels.cu)
+// counter, receive rows, flags and parity rules, ht_combine.cu)
 //   ht_pair_combine_send (R > 1): staging row i < valid whose source s is not
 //     this rank (token t): its float32 partial P = 0.0f + y[p_0] + y[p_1] ...
 //     over rows_by_expert[i] (ascending local expert, up to the first -1), of

@@ -1,7 +1,7 @@
 // The expert-major dispatch's pair plan: for each of this rank's tokens t and
 // top-k entries k, the rank of t among this rank's tokens that choose expert
 // topk_idx[t][k] (in token order), and this rank's tokens per expert. The
-// dispatch kernel (ht_kernels.cu, kExpertMajor) places pair (source s, token
+// dispatch kernel (ht_dispatch.cu, kExpertMajor) places pair (source s, token
 // t, local expert e) of a receiver at group_start[e] + (the tokens of sources
 // before s choosing e) + this rank.
 //
@@ -24,7 +24,7 @@
 //   order).
 // At one rank neither kernel runs: each block of the dispatch kernel counts
 // and ranks its own range's pairs and sums the other blocks' counts
-// (ht_kernels.cu), with
+// (ht_dispatch.cu), with
 // the same block functions (ht_pair_rank.cuh), which saves two launches and
 // the gaps between them (docs/benchmarks.md).
 #include <cuda_runtime.h>

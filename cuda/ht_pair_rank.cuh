@@ -1,6 +1,6 @@
 // Block-level pieces of the expert-major pair plan, shared by its own kernels
 // (ht_pair_plan.cu, ranks > 1) and the one-rank dispatch kernel, which ranks
-// each block's own tokens itself (ht_kernels.cu). One definition of what a
+// each block's own tokens itself (ht_dispatch.cu). One definition of what a
 // pair rank is, so both give the same bits:
 //   * a token's pairs are its first top-k entries naming each expert in
 //     [0, E) (a token naming e twice has one pair of e; -1 and entries outside

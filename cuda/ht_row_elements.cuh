@@ -1,4 +1,4 @@
-// Elements of the HT combines' 16-byte row vectors as float32 (ht_kernels.cu,
+// Elements of the HT combines' 16-byte row vectors as float32 (ht_combine.cu,
 // ht_pair_combine.cu): bf16, f16 and f32 rows, summed in fp32, stored back in
 // their own type with round-to-nearest-even.
 #ifndef JAX_EP_CUDA_HT_ROW_ELEMENTS_CUH_

@@ -26,7 +26,7 @@ namespace jax_ep::cuda {
 //                     rank once the chunk is complete
 //   combine_recv[p]   [R][T] bf16 rows: rank r's copy of local token t
 //   combine_flags[p]  [R] (seq, 0) from rank r once its rows landed
-// Expert-major dispatch only (ht_pair_plan.cu, ht_kernels.cu):
+// Expert-major dispatch only (ht_pair_plan.cu, ht_dispatch.cu):
 //   expert_counts     [2][R][E_local] int32, by seq parity: row s is written by
 //                     source s before its notify flag (its tokens per local
 //                     expert of this rank)
@@ -38,7 +38,7 @@ namespace jax_ep::cuda {
 //                     block_counts [HtPlanBlockRows(R)][E], pair_rank [T][K],
 //                     expert_totals [E] (at one rank the dispatch kernel
 //                     writes block_counts and pair_rank itself, in shared
-//                     memory the totals: ht_kernels.cu); at one rank also
+//                     memory the totals: ht_dispatch.cu); at one rank also
 //                     block_before [kHtOneRankPlanBlocks][E] (row b: the
 //                     pairs per expert of the blocks before b) and
 //                     token_slot [T] (a token's index among its block range's

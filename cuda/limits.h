@@ -36,7 +36,7 @@ constexpr int kHtOneRankPlanBlocks = 256;
 // Most EP ranks: the kernels keep one mask word per rank in shared memory.
 constexpr int kLlMaxRanks = 1024;
 // Dynamic shared memory of the dispatch's send part (its routing table:
-// 4 bytes per (token, top-k) entry and more, ll_kernels.cu).
+// 4 bytes per (token, top-k) entry and more, ll_dispatch_send.cuh).
 constexpr size_t kLlMaxDynamicSmem = 200 * 1024;
 
 }  // namespace jax_ep::cuda

@@ -1,8 +1,8 @@
-// Building blocks shared by the low-latency kernels (ll_kernels.cu: dispatch
-// and combine; ll_presummed_kernels.cu: the combine pre-summed per rank): the
+// Building blocks shared by the low-latency kernels (ll_dispatch.cu,
+// ll_combine.cu; ll_presummed_kernels.cu: the combine pre-summed per rank): the
 // launch shape, the profile hooks, the calls' sequence numbers and epilogue,
-// the rank mask and the bounded waits on peers' flags. Protocols: in each
-// kernel file.
+// the rank mask and the bounded waits on peers' flags. Protocols: at the top
+// of each kernel file, in full in docs/design.md.
 #ifndef JAX_EP_CUDA_LL_COMMON_CUH_
 #define JAX_EP_CUDA_LL_COMMON_CUH_
 
@@ -161,7 +161,7 @@ __device__ __forceinline__ uint32_t ll_wait(const LlContext& ctx, const int* s_m
   return arrived && flag_seq(value) == seq ? flag_value(value) : kFlagTimedOut;
 }
 
-// The combines' reuse credit (the buffer-reuse rule in ll_kernels.cu): block 0
+// The combines' reuse credit (the buffer-reuse rule of the LL protocol, docs/design.md): block 0
 // of a combine's receive part waits for one flag of this call from every
 // unmasked peer q, the flag at flags[q * stride] (a flag q sets on every rank
 // in each call, whatever the routing). q sets it in its send part of this

@@ -1,5 +1,6 @@
-// Host launchers of the low-latency kernels (ll_kernels.cu). Plain C++: the
-// FFI glue in xla_ffi/cuda/ calls these without seeing CUDA device code.
+// Host launchers of the low-latency kernels (ll_dispatch.cu, ll_combine.cu,
+// ll_presummed_kernels.cu). Plain C++: the FFI glue in xla_ffi/cuda/ calls
+// these without seeing CUDA device code.
 // Shapes: T = this call's tokens, T_ll = EpDims::ll_max_tokens, R ranks,
 // E_local experts per rank, H hidden, K top-k.
 #ifndef JAX_EP_CUDA_LL_LAUNCH_H_
@@ -86,7 +87,12 @@ size_t LlDispatchSmemBytes(int num_tokens, const EpDims& dims);
 size_t LlMaxDynamicSmemBytes();
 
 // Loads the LL kernels and sets their attributes (call once at initialisation).
-cudaError_t PrepareLlKernels();
+cudaError_t PrepareLlDispatchKernels();  // ll_dispatch.cu
+cudaError_t PrepareLlCombineKernels();   // ll_combine.cu
+inline cudaError_t PrepareLlKernels() {
+  const cudaError_t err = PrepareLlDispatchKernels();
+  return err != cudaSuccess ? err : PrepareLlCombineKernels();
+}
 cudaError_t PrepareLlPresummedKernels();
 
 }  // namespace jax_ep::cuda

@@ -7,7 +7,7 @@
 // PROTOCOL (R ranks, E_local experts per rank, T = this call's tokens per rank
 // (the same on every rank), T_ll the LL token cap, seq = the combine's
 // sequence number (DeviceCounters::ll_combine_seq, shared with ll_combine in
-// ll_kernels.cu: calls of the two kinds may alternate), p = parity of seq;
+// ll_combine.cu: calls of the two kinds may alternate), p = parity of seq;
 // buffers in ep_types.h LlBuffers; done[] = ctx.rank_counters [R], device
 // memory of this rank only, zero between calls)
 //
@@ -32,7 +32,7 @@
 //      through the peer mapping, st.release.gpu when s = r, or an RDMA signal
 //      on the default queue pair, after every block's quiet of its puts to s.
 //      The release covers every block's rows of s (barrier -> acq_rel counter
-//      -> release chain, as in ll_kernels.cu step 3).
+//      -> release chain, as in the LL dispatch step 3, docs/design.md).
 // recv (on every source rank s):
 //   4. For token t: the ranks holding its valid experts (unmasked at the
 //      kernel's start), ascending. Wait (bounded) for combine_flags[p][r] to
@@ -41,13 +41,13 @@
 //      rank gets +0.0.
 //   5. Reuse credit: once its tokens are done, block 0 also waits for
 //      combine_flags[p][q] = seq from every unmasked peer q, needed or not
-//      (ll_common.cuh wait_reuse_credits; the reuse rule of ll_kernels.cu).
+//      (ll_common.cuh wait_reuse_credits; the reuse rule of the LL protocol, docs/design.md).
 //
 // Faults: a wait that times out records the fault (device_common.cuh) and the
 // token's row is NaN; with mask_on_timeout the rank is masked instead and
 // contributes nothing. Masked ranks (ctx.masked): neither sent to nor waited
-// for, as in ll_kernels.cu.
-// Why no resets of flags or buffers: as in ll_kernels.cu (flags carry seq,
+// for, as in ll_combine.cu.
+// Why no resets of flags or buffers: as in the LL protocol (flags carry seq,
 // buffers alternate by parity under its reuse rule, and seq counts the calls
 // of both combines, so the rule spans them: a call of either kind waits for
 // a flag of every peer, step 5 here, step 7 there); done[s] is reset by its

@@ -1,5 +1,5 @@
 // The LL one-rank dispatch kernel alone, without XLA: the library's
-// LaunchLlDispatch (cuda/ll_kernels.cu) with a context of plain device
+// LaunchLlDispatch (cuda/ll_dispatch.cu) with a context of plain device
 // buffers (no NVSHMEM start: the one-rank kernel sends nothing), launched 50
 // times as dependent nodes of one CUDA graph, the graph replayed 40 times, 9
 // times over; the median per launch. DeepEP's LL shape: 128 tokens, hidden
@@ -9,7 +9,7 @@
 // parameters, and six barrier phases with and without dead code between them
 // (the cost of jumping over code that is not run).
 //
-// Built with -DLL_PROBE against the copy of cuda/ll_kernels.cu that
+// Built with -DLL_PROBE against the copy of cuda/ll_dispatch.cu that
 // tools/ll_one_rank_probe_marks.py writes, it also prints each phase of one
 // launch from thread 0 of every block (clock64 at the phase boundaries). On
 // the routing table's way: the start loads to the routing pass's first
@@ -21,9 +21,9 @@
 //   NV=$(python3 -c "import nvidia.nvshmem as m; print(m.__path__[0])")
 //   F="-O3 -DNDEBUG -std=c++17 -arch=sm_90 -rdc=true --expt-relaxed-constexpr -I. -I$NV/include
 //      -L$NV/lib -lnvshmem_device -l:libnvshmem_host.so.3 -Xlinker -rpath=$NV/lib"
-//   nvcc $F tools/ll_one_rank_probe.cu cuda/ll_kernels.cu -o ll_one_rank_probe
-//   python3 tools/ll_one_rank_probe_marks.py > /tmp/ll_kernels_marked.cu
-//   nvcc $F -DLL_PROBE tools/ll_one_rank_probe.cu /tmp/ll_kernels_marked.cu -o ll_one_rank_probe_marked
+//   nvcc $F tools/ll_one_rank_probe.cu cuda/ll_dispatch.cu -o ll_one_rank_probe
+//   python3 tools/ll_one_rank_probe_marks.py > /tmp/ll_dispatch_marked.cu
+//   nvcc $F -DLL_PROBE tools/ll_one_rank_probe.cu /tmp/ll_dispatch_marked.cu -o ll_one_rank_probe_marked
 //   ./ll_one_rank_probe [quick]
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

@@ -1,4 +1,5 @@
-"""Writes cuda/ll_kernels.cu to stdout with phase marks in the one-rank LL dispatch.
+"""Writes cuda/ll_dispatch.cu, with the LL dispatch headers it includes pasted
+in (one file), to stdout with phase marks in the one-rank LL dispatch.
 
 For tools/ll_one_rank_probe.cu built with -DLL_PROBE: thread 0 of every block
 stores clock64() at six points of ll_dispatch's one-rank path (0: its start,
@@ -12,7 +13,10 @@ from __future__ import annotations
 import pathlib
 import sys
 
-KERNELS = pathlib.Path(__file__).resolve().parent.parent / "cuda" / "ll_kernels.cu"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+KERNELS = ROOT / "cuda" / "ll_dispatch.cu"
+# The headers whose code the marks go into (included once, by ll_dispatch.cu).
+PASTED = ("cuda/ll_dispatch_send.cuh", "cuda/ll_dispatch_recv.cuh")
 
 MARK_MACRO = r"""#ifdef LL_PROBE
 __device__ long long g_probe_clk[1024 * 8];
@@ -66,5 +70,17 @@ def marked(source: str) -> str:
   return source.replace(namespace, MARK_MACRO + namespace, 1)
 
 
+def amalgamated() -> str:
+  """ll_dispatch.cu with each PASTED header's text in place of its #include
+  (the marks need PROBE_MARK defined before the code they go into)."""
+  source = KERNELS.read_text()
+  for header in PASTED:
+    include = f'#include "{header}"'
+    if source.count(include) != 1:
+      raise SystemExit(f"ll_one_rank_probe_marks: {KERNELS} does not include {header} once")
+    source = source.replace(include, (ROOT / header).read_text())
+  return source
+
+
 if __name__ == "__main__":
-  sys.stdout.write(marked(KERNELS.read_text()))
+  sys.stdout.write(marked(amalgamated()))

@@ -2,10 +2,12 @@
 
 The model runs R ranks (2 or 3) through the same program of jax_ep calls, one
 step at a time, and searches every interleaving of the ranks' steps
-(ranks run at arbitrary relative speeds). It is the protocol comments at the
-top of cuda/ll_kernels.cu, cuda/ll_presummed_kernels.cu and cuda/ht_kernels.cu
-(and docs/design.md, "Completion protocol") turned into code; each step cites
-the comment's step number ("ll_kernels.cu step 5").
+(ranks run at arbitrary relative speeds). It is the protocols of
+docs/design.md ("LL protocol", "HT protocol", "Completion protocol"; in short
+at the top of each kernel file: cuda/ll_dispatch.cu, ll_combine.cu,
+ll_presummed_kernels.cu, ht_dispatch.cu, ht_combine.cu) and of the comment at
+the top of cuda/ll_presummed_kernels.cu turned into code; each step cites its
+protocol's step number ("LL step 5").
 
 Ops (program symbols): the LL dispatch (D one-call; Ds, Dr its split send and
 recv), the LL combine (C; Cs, Cr), the LL combine pre-summed per rank (P; Ps,
@@ -79,7 +81,7 @@ receive waits only for the flags of its tokens' experts, and reads its own
 experts' rows from y without a flag; a pre-summed receive waits only for the
 ranks holding its tokens' experts), and FIXED, the same plus the reuse credit:
 once per call the receive waits for one flag of this call from every peer
-q != me (ll_kernels.cu step 7: combine_flags[p][q * E_local]; ll_presummed
+q != me (LL step 7: combine_flags[p][q * E_local]; ll_presummed
 step 5: combine_flags[p][q]). Under F521F4F the search finds the lapped
 combine: with every token on rank 0's experts, rank 0 waits for no peer in a
 combine, runs three combines and writes the parity-p flag of call 3 into rank 1
@@ -403,7 +405,7 @@ class DeviceCounters:
   """The pairing words of DeviceCounters (cuda/ep_types.h): per family the
   sequence number of the last send, the ticket a split send hands its recv
   and which kind's split send is outstanding (ll_common.cuh call_seq,
-  finish_send, finish_call; ht_kernels.cu: counter + 1, advanced at the end)."""
+  finish_send, finish_call; ht_dispatch.cu: counter + 1, advanced at the end)."""
 
   seq: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(FAMILIES, 0))
   ticket: dict[str, int] = dataclasses.field(
@@ -544,7 +546,7 @@ class _CallSteps:
 
   # ------------------------------------------------------------------ LL
   def ll_dispatch(self) -> None:
-    """ll_kernels.cu steps 1-4 (step 1, the routing pass, is local). Chains:
+    """LL steps 1-4 (step 1, the routing pass, is local). Chains:
     one per owner rank (its experts in order), one per local expert received."""
     cfg, me, p, routing = self.config, self.me, self.p, self.routing
     el = cfg.experts_per_rank
@@ -557,32 +559,32 @@ class _CallSteps:
           e = owner * el + le
           if not routing.uses(me, e):  # step 3: an expert no token uses: (seq, 0) at once
             self.write(owner, "dispatch_flags", (p, le, me), self.seq,
-                       "ll_kernels.cu step 3, no rows")
+                       "LL step 3, no rows")
             continue
           # Step 2: the payload once per (token, owner), by its first expert
           # there (before the token's block barrier, so before any of the
           # token's flags); the one-call BF16 op's own pairs skip it (x).
           if not payload_sent and not (self.one_call and owner == me):
-            self.write(owner, "dispatch_tokens", (p, me), self.tag(), "ll_kernels.cu step 2")
+            self.write(owner, "dispatch_tokens", (p, me), self.tag(), "LL step 2")
             payload_sent = True
-          self.write(owner, "dispatch_recv", (p, le, me), self.tag(), "ll_kernels.cu step 2")
+          self.write(owner, "dispatch_recv", (p, le, me), self.tag(), "LL step 2")
           # Step 3: the last arriver of expert e sets its flag after its rows.
-          self.write(owner, "dispatch_flags", (p, le, me), self.seq, "ll_kernels.cu step 3")
+          self.write(owner, "dispatch_flags", (p, le, me), self.seq, "LL step 3")
     if self.receives:
       for le in range(el):
         self.chain()
         reads: list[tuple[str, tuple[int, ...], int]] = []
         for s in range(cfg.num_ranks):  # step 4: every (expert, source) flag, then the rows
-          self.wait("dispatch_flags", (p, le, s), "ll_kernels.cu step 4")
+          self.wait("dispatch_flags", (p, le, s), "LL step 4")
           if routing.uses(s, me * el + le):
             reads.append(("dispatch_recv", (p, le, s), s))
             if not (self.one_call and s == me):
               reads.append(("dispatch_tokens", (p, s), s))
         for buffer, index, writer in reads:
-          self.read(buffer, index, writer, "ll_kernels.cu step 4")
+          self.read(buffer, index, writer, "LL step 4")
 
   def ll_combine(self) -> None:
-    """ll_kernels.cu steps 5-7. Chains: one per local expert sent; the tokens
+    """LL steps 5-7. Chains: one per local expert sent; the tokens
     received; block 0's reuse credit."""
     cfg, me, p, routing = self.config, self.me, self.p, self.routing
     el = cfg.experts_per_rank
@@ -593,10 +595,10 @@ class _CallSteps:
         e = me * el + le
         for s in range(cfg.num_ranks):
           if routing.uses(s, e) and not (self.one_call and s == me):
-            self.write(s, "combine_recv", (p, e), self.tag(), "ll_kernels.cu step 5")
+            self.write(s, "combine_recv", (p, e), self.tag(), "LL step 5")
         for r in range(cfg.num_ranks):  # after expert le's rows, its flag on every rank
           if not (self.one_call and r == me):
-            self.write(r, "combine_flags", (p, e), self.seq, "ll_kernels.cu step 5")
+            self.write(r, "combine_flags", (p, e), self.seq, "LL step 5")
     if self.receives:
       # Step 6: the flags of the tokens' experts; the one-call op reads its
       # own experts' rows from y, without a flag.
@@ -604,14 +606,14 @@ class _CallSteps:
                 if not (self.one_call and cfg.owner(e) == me)]
       self.chain()
       for e in needed:
-        self.wait("combine_flags", (p, e), "ll_kernels.cu step 6")
+        self.wait("combine_flags", (p, e), "LL step 6")
       for e in needed:
-        self.read("combine_recv", (p, e), cfg.owner(e), "ll_kernels.cu step 6")
+        self.read("combine_recv", (p, e), cfg.owner(e), "LL step 6")
       if cfg.rule is Rule.FIXED:
         self.chain()
         for q in range(cfg.num_ranks):  # step 7: the reuse credit of every peer
           if q != me:
-            self.wait("combine_flags", (p, q * el), "ll_kernels.cu step 7, reuse credit")
+            self.wait("combine_flags", (p, q * el), "LL step 7, reuse credit")
 
   def ll_presummed(self) -> None:
     """ll_presummed_kernels.cu steps 1-5 (step 1, the listing, is local).
@@ -640,10 +642,10 @@ class _CallSteps:
 
   # ------------------------------------------------------------------ HT
   def ht_dispatch(self) -> None:
-    """ht_kernels.cu dispatch steps 1-4 (step 1, the send plan, is local).
+    """HT dispatch steps 1-4 (step 1, the send plan, is local).
     Chains: block 0 and the senders; the receivers."""
     cfg, me, p, routing = self.config, self.me, self.p, self.routing
-    exchange = "ht_kernels.cu step 2, count exchange"
+    exchange = "HT step 2, count exchange"
     self.kernel()
     self.chain()
     for r in range(cfg.num_ranks):  # block 0: counts, then the notify flag, to every rank
@@ -654,21 +656,21 @@ class _CallSteps:
       self.read("ht_counts", (p, s), s, exchange)
     for r in range(cfg.num_ranks):  # step 3: rows into single recv buffers, then the adds
       if r != me and routing.has_rows(cfg, me, r):
-        self.write(r, "ht_recv", (me,), self.tag(), "ht_kernels.cu step 3")
-        self.add(r, "ht_chunk_arrived", (me,), 1, "ht_kernels.cu step 3")
+        self.write(r, "ht_recv", (me,), self.tag(), "HT step 3")
+        self.add(r, "ht_chunk_arrived", (me,), 1, "HT step 3")
     self.chain()
     for s in range(cfg.num_ranks):  # a receiver block waits for the count exchange too
       self.wait("ht_notify_flags", (p, s), exchange)
       self.read("ht_counts", (p, s), s, exchange)
     sources = [s for s in range(cfg.num_ranks) if s != me and routing.has_rows(cfg, s, me)]
     for s in sources:  # step 4: the chunk's rows have landed; the receiver resets it
-      self.wait_at_least("ht_chunk_arrived", (s,), 1, "ht_kernels.cu step 4")
-      self.write(me, "ht_chunk_arrived", (s,), 0, "ht_kernels.cu step 4, reset")
+      self.wait_at_least("ht_chunk_arrived", (s,), 1, "HT step 4")
+      self.write(me, "ht_chunk_arrived", (s,), 0, "HT step 4, reset")
     for s in sources:
-      self.read("ht_recv", (s,), s, "ht_kernels.cu step 4")
+      self.read("ht_recv", (s,), s, "HT step 4")
 
   def ht_combine(self) -> None:
-    """ht_kernels.cu ht_combine_send, then ht_combine_recv (stream order)."""
+    """HT combine: ht_combine_send, then ht_combine_recv (stream order)."""
     cfg, me, p, routing = self.config, self.me, self.p, self.routing
     self.kernel()
     self.chain()

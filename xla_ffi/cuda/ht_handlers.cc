@@ -11,7 +11,7 @@
 //   jax_ep_ht_combine(y [C,W] bf16|f16|f32, recv_src s32[C], send_row s32[T,R],
 //                     num_tokens s32[]) -> out [T,W] (y's type)
 //     W * element size must be a multiple of 16 bytes; rows wider than 2H
-//     bytes travel in several passes (cuda/ht_kernels.cu).
+//     bytes travel in several passes (cuda/ht_combine.cu).
 //   jax_ep_ht_dispatch_expert_major(x, scales, topk_idx, topk_weights as
 //                      jax_ep_ht_dispatch; capacity C >= R*T, num_rows M,
 //                      alignment A) ->
