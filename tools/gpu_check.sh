@@ -30,7 +30,7 @@
 #       ep1bench  jax_ep.bench --mode ht --layouts and --mode ll in one process
 #                 alone on the GPU (EP1: these times are speeds); EP1_BENCH_MODES
 #                 (default "ht ll"), EP1_BENCH_RUNS (default 1; more: their
-#                 medians by python -m jax_ep.bench.medians) and EP1_BENCH_ARGS
+#                 medians by python -m benchmarks.medians) and EP1_BENCH_ARGS
 #                 (more bench flags, e.g. --nobaselines)
 #       layerbench jax_ep.bench --mode gmm and --mode layer in one process alone
 #                 on the GPU (EP1 speeds; not in the default phases); tokamax
@@ -43,9 +43,10 @@
 #                 cuda-pathfinder wheels carried in .whl)
 #   tools/gpu_check.sh [all|tests|bench|ll|ht|faults|build] [quick]
 #     one process per GPU (2 or more GPUs): machine.txt, build.log,
-#     tests_cmdbuf_{on,off}.log, bench.log, ht_sweep.png and the bench's
+#     tests_cmdbuf_{on,off}.log, bench.log, the bench's
 #     <mode>_<date>_<commit>.json (ll, ht, ht-ragged; jax_ep/bench/provenance.py;
-#     without .git on the GPU machine, JAX_EP_BENCH_COMMIT names the commit).
+#     without .git on the GPU machine, JAX_EP_BENCH_COMMIT names the commit) and
+#     the HT JSON's charts (benchmarks/), ht_sweep.png and ht_sweep_ops.png.
 #     ll / ht: that family's tests and benchmark; tests / bench: one half;
 #     faults: only the fault-injection and masking tests; build: only the
 #     build; quick: skip the long repeated-call tests, the HT sweeps and the
@@ -173,7 +174,9 @@ if [[ "$WHAT" == all || "$WHAT" == tests || "$WHAT" == faults ]]; then
       XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
 fi
 
-bench() {  # $1 = mode, rest = extra flags; output streams into $OUT/bench.log as it runs
+# $1 = mode, rest = extra flags; output streams into $OUT/bench.log as it runs.
+# BENCH_JSON: the JSON it wrote ("" if none).
+bench() {
   local mode=$1
   shift
   local start_line
@@ -184,6 +187,20 @@ bench() {  # $1 = mode, rest = extra flags; output streams into $OUT/bench.log a
            tail -n +"$start_line" "$OUT/bench.log" | grep -v "^\[rank [01]\] [IW]1" | tail -15; }
   tail -n +"$start_line" "$OUT/bench.log" | grep -E "^\[rank 0\] " | sed 's/^\[rank 0\] //' \
       | sed -n '/^jax_ep bench/,$p' >> "$SUMMARY"
+  BENCH_JSON=$(tail -n +"$start_line" "$OUT/bench.log" | sed -n 's/^\[rank 0\] results: //p' \
+      | tail -1)
+}
+
+# $1 = benchmarks module (plot, plot_sweep, ...), $2 = PNG: the chart of the last
+# bench's JSON (benchmarks/README.md); its output goes to $OUT/bench.log.
+chart() {
+  if [[ -z "${BENCH_JSON:-}" ]]; then
+    status=1
+    note "chart $1: the bench wrote no JSON"
+    return
+  fi
+  "$PY" -m "benchmarks.$1" "$BENCH_JSON" --out "$2" >> "$OUT/bench.log" 2>&1 \
+      || { status=1; note "chart $1 of $BENCH_JSON: FAILED"; tail -3 "$OUT/bench.log"; }
 }
 
 if [[ "$WHAT" == all || "$WHAT" == bench || "$WHAT" == ll ]]; then bench ll; fi
@@ -191,7 +208,9 @@ if [[ ( "$WHAT" == all || "$WHAT" == bench || "$WHAT" == ht ) && -f jax_ep/bench
   if [ -n "$QUICK" ]; then
     bench ht
   else
-    bench ht --sm_sweep 8,16,24,32,48 --sweep --plot "$OUT/ht_sweep.png"
+    bench ht --sm_sweep 8,16,24,32,48 --sweep
+    chart plot_sweep "$OUT/ht_sweep.png"
+    chart plot "$OUT/ht_sweep_ops.png"
     if [[ "${RAGGED_TIMEOUT_S:-240}" != 0 ]]; then
       # XLA's multi-process NCCL send/recv fallback hangs on a second execution
       # (jax 0.11.2); the dense decomposer runs (tools/ragged_probe.sh, 2026-11-30).

@@ -182,7 +182,7 @@ one_gpu_transformer() {
 }
 
 # EP1_BENCH_MODES (default "ht ll") and EP1_BENCH_RUNS (default 1): the
-# targets are medians of >= 5 runs (python -m jax_ep.bench.medians over the JSONs).
+# targets are medians of >= 5 runs (python -m benchmarks.medians over the JSONs).
 # EP1_BENCH_ARGS: more bench flags (--nobaselines: no portable rows, quick runs).
 one_gpu_ep1_bench() {  # one process alone on the GPU (EP1): a speed measurement, unlike the rest
   local mode log rc run
@@ -200,7 +200,7 @@ one_gpu_ep1_bench() {  # one process alone on the GPU (EP1): a speed measurement
   done
   if [[ ${EP1_BENCH_RUNS:-1} -gt 1 ]]; then
     for mode in ${EP1_BENCH_MODES:-ht ll}; do
-      "$PY" -m jax_ep.bench.medians "$OUT/${mode}"_*.json | tee -a "$SUMMARY"
+      "$PY" -m benchmarks.medians "$OUT/${mode}"_*.json | tee -a "$SUMMARY"
     done
   fi
 }
@@ -208,10 +208,11 @@ one_gpu_ep1_bench() {  # one process alone on the GPU (EP1): a speed measurement
 # The MoE layer's speed (one process alone on the GPU, EP1): bench --mode gmm
 # (the expert GEMMs' products on every implementation; tokamax when its wheels
 # were carried in .whl) and bench --mode layer (the layer against MaxText's
-# algorithm and the floor, with its plot). LAYER_BENCH_MODES: which (default
-# "gmm layer"); LAYER_BENCH_ARGS: more flags of both.
+# algorithm and the floor, with its chart, moe_layer_ep1.png, drawn from its JSON
+# by benchmarks/plot_layer.py). LAYER_BENCH_MODES: which (default "gmm layer");
+# LAYER_BENCH_ARGS: more flags of both.
 one_gpu_layer_bench() {
-  local site=() mode log rc
+  local site=() mode log rc json
   if ls .whl/tokamax-* > /dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/jax_ep_bench_site \
         .whl/*.whl > "$OUT/bench_site.log" 2>&1
@@ -221,12 +222,18 @@ one_gpu_layer_bench() {
     log="$OUT/bench_ep1_${mode}.log"
     # LAYER_BENCH_ARGS may hold several flags. shellcheck disable=SC2086
     env "${site[@]}" timeout "${BENCH_TIMEOUT_S:-600}" "$PY" -m jax_ep.bench --mode "$mode" \
-        --out_dir "$OUT" $([[ $mode == layer ]] && echo --plot "$OUT/moe_layer_ep1.png") \
-        ${LAYER_BENCH_ARGS:-} > "$log" 2>&1
+        --out_dir "$OUT" ${LAYER_BENCH_ARGS:-} > "$log" 2>&1
     rc=$?
     note "bench --mode $mode (EP1, one process) rc=$rc"
     grep -E "^(forward|gate_up|down) " "$log" | tee -a "$SUMMARY"
     [ "$rc" -ne 0 ] && status=1 && grep -v "^[IW][0-9]\{4\} " "$log" | tail -15
+    json=$(sed -n 's/^results: //p' "$log" | tail -1)
+    if [[ $mode == layer && -n "$json" ]] && ! "$PY" -m benchmarks.plot_layer "$json" \
+        --out "$OUT/moe_layer_ep1.png" >> "$log" 2>&1; then
+      status=1
+      note "chart of $json: FAILED"
+      tail -3 "$log"
+    fi
   done
 }
 

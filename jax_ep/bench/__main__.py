@@ -7,20 +7,28 @@ a whole MoE layer against MaxText's algorithm and the dense floor (layer.py).
 Prints the results table (a system that failed is a FAILED row with its
 error; one whose time was not positive says "below noise": no time is printed
 that is not one) and writes the JSON: run settings, rows, machine, commit, date,
-versions and the command line (provenance.py). ``--plot PATH``: also a PNG of
-each op's time against its floor or the bare exchange (plot.py). The exit
-status is 1 when any system failed (or the plot asked for could not be
-written), 0 otherwise.
+versions and the command line (provenance.py). The exit status is 1 when any
+system failed, 0 otherwise.
+
+Charts, medians over runs, in-kernel profiles and timelines are not part of the
+bench: the repository's benchmarks/ draws and summarizes from the JSON (the bench
+prints the chart commands after writing it) and runs the bench with its probes
+(benchmarks/README.md).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from absl import app, flags
 
 from jax_ep import launch
+
+if TYPE_CHECKING:
+  from jax_ep.bench import measure
 
 flags.DEFINE_enum("mode", "ll", ["ll", "ht", "gmm", "layer"],
                   "which kernels to benchmark: the exchange's (ll, ht), the expert GEMMs' "
@@ -40,10 +48,8 @@ flags.DEFINE_integer("warmup_calls", 5000, "calls of warm-up executions of the l
 flags.DEFINE_integer("seed", 0, "routing/data seed")
 flags.DEFINE_string("out_dir", None, "write the JSON here as <mode>_<date>_<commit>.json")
 flags.DEFINE_string("out", None, "write the JSON to exactly this file")
-flags.DEFINE_bool("sweep", False, "ht: also sweep tokens per rank 128..8192 (JSON + PNG)")
-flags.DEFINE_string("plot", None, "write a PNG here: each op's time against its HBM floor (EP1) "
-                    "or the bare all_to_all (EP > 1), jax_ep/bench/plot.py; with ht --sweep, "
-                    "the sweep's plot goes here and that one to <PATH without .png>_ops.png")
+flags.DEFINE_bool("sweep", False, "ht: also sweep tokens per rank 128..8192 (the JSON's "
+                  "meta.sweep)")
 flags.DEFINE_bool("ragged", False, "ht: time only the ragged_all_to_all (MaxText) baseline "
                   "and the bare all_to_all")
 flags.DEFINE_bool("baselines", True, "also time the portable all_to_all paths "
@@ -70,22 +76,27 @@ def file_mode() -> str:
   return "ht-ragged" if FLAGS.mode == "ht" and FLAGS.ragged else FLAGS.mode
 
 
-def ops_plot_path() -> str | None:
-  """Where --plot's chart of the ops goes (the sweep's plot keeps --plot's path, as
-  tools/gpu_check.sh expects)."""
-  if not FLAGS.plot:
-    return None
+def chart_commands(path: str) -> list[str]:
+  """The commands (from the repository's root) that draw the charts of the JSON at
+  ``path`` of this run: the ops against their floors or the bare exchange (ll, ht),
+  the token sweep and the SM sweep (ht --sweep, --sm_sweep), the layer's TFLOP/s."""
+  # (benchmarks module, what the PNG's name adds to the JSON's)
+  charts = {"ll": [("plot", "")], "ht": [("plot", "")],
+            "layer": [("plot_layer", "")]}.get(FLAGS.mode, [])
   if FLAGS.mode == "ht" and FLAGS.sweep:
-    root, ext = os.path.splitext(FLAGS.plot)
-    return f"{root}_ops{ext or '.png'}"
-  return FLAGS.plot
+    charts.append(("plot_sweep", "_sweep"))
+  if FLAGS.mode == "ht" and FLAGS.sm_sweep:
+    charts.append(("plot_sm_sweep", "_sm_sweep"))
+  stem = os.path.splitext(path)[0]
+  return [f"python -m benchmarks.{chart} {shlex.quote(path)} --out "
+          f"{shlex.quote(stem + suffix + '.png')}" for chart, suffix in charts]
 
 
-def single_device_main() -> int:
+def single_device_main(run_as: str) -> int:
   """--mode gmm / layer: one process, one device; the table as it runs, then the JSON."""
   import jax  # pylint: disable=import-outside-toplevel
   from jax_ep.bench import provenance, results  # pylint: disable=import-outside-toplevel
-  record = provenance.record(sys.argv)
+  record = provenance.record(sys.argv, module=run_as)
   experts = FLAGS.num_experts if FLAGS["num_experts"].present else 32
   tokens = FLAGS.tokens or (8192 if "H200" in jax.devices()[0].device_kind else 4096)
   if FLAGS.mode == "gmm":
@@ -95,7 +106,7 @@ def single_device_main() -> int:
   else:
     from jax_ep.bench import layer  # pylint: disable=import-outside-toplevel
     rows, meta = layer.run(tokens, FLAGS.hidden, FLAGS.ffn, experts, FLAGS.topk, FLAGS.seed,
-                           FLAGS.repeats, FLAGS.plot)
+                           FLAGS.repeats)
   # A row below the harness's noise has no time but did not fail (as in ll / ht).
   failed = any(r["error"] is not None and not r.get("expected_failure") for r in rows)
   payload = dict(mode=FLAGS.mode, **record, timing=TIMING_ONE_DEVICE, any_failed=failed,
@@ -108,6 +119,8 @@ def single_device_main() -> int:
   if path:
     results.write_json(path, payload)
     print(f"results: {path}")
+    for command in chart_commands(path):
+      print(f"chart: {command}")
   return 1 if failed else 0
 
 
@@ -116,31 +129,39 @@ TIMING_ONE_DEVICE = ("in-graph slope on one device (jax_ep/bench/single_device.p
                      "modes (5), medians of --repeats executions of each length")
 
 
-def main(argv) -> int:
+def main(argv: Sequence[str], run_as: str = "jax_ep.bench",
+         probes: Sequence[measure.Probe] = ()) -> int:
+  """The bench (absl's main: ``argv`` are the arguments left after the flags).
+
+  ``run_as``: the module ``python -m`` ran, for the JSON's command line.
+  ``probes``: looks inside each timing of ll and ht (measure.Probe; the
+  repository's benchmarks/probe.py passes them), their results printed after the
+  table and kept in the JSON's meta under their keys.
+  """
+  del argv
   if FLAGS.mode in ("gmm", "layer"):
-    return single_device_main()
+    return single_device_main(run_as)
   if FLAGS.mode == "ht" and _RAGGED_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _RAGGED_FLAG).strip()
   launch.initialize_distributed_from_env()
   import jax  # pylint: disable=import-outside-toplevel
   import jax_ep  # pylint: disable=import-outside-toplevel
-  # pylint: disable-next=import-outside-toplevel
-  from jax_ep.bench import gpu_timeline, kernel_profile, provenance, results
+  from jax_ep.bench import provenance, results  # pylint: disable=import-outside-toplevel
 
-  record = provenance.record(sys.argv)
+  record = provenance.record(sys.argv, module=run_as)
   if FLAGS.mode == "ll":
     from jax_ep.bench import ll  # pylint: disable=import-outside-toplevel
     rows, meta = ll.run(FLAGS.tokens or 128, FLAGS.hidden, FLAGS.num_experts, FLAGS.topk,
                         FLAGS.num_calls, FLAGS.repeats, FLAGS.seed, baselines=FLAGS.baselines,
-                        warmup_calls=FLAGS.warmup_calls)
+                        warmup_calls=FLAGS.warmup_calls, probes=probes)
   else:
     from jax_ep.bench import ht  # pylint: disable=import-outside-toplevel
     rows, meta = ht.run(FLAGS.tokens or 4096, FLAGS.hidden, FLAGS.num_experts, FLAGS.topk,
                         FLAGS.num_calls, FLAGS.repeats, FLAGS.seed, sweep=FLAGS.sweep,
-                        plot=FLAGS.plot, ragged_only=FLAGS.ragged,
+                        ragged_only=FLAGS.ragged,
                         sm_sweep=tuple(int(n) for n in FLAGS.sm_sweep),
                         baselines=FLAGS.baselines, layouts=FLAGS.layouts,
-                        warmup_calls=FLAGS.warmup_calls)
+                        warmup_calls=FLAGS.warmup_calls, probes=probes)
   failed = results.any_failed(rows) or any(
       point.get("errors") for key in ("sweep", "sm_sweep") for point in meta.get(key, []))
   payload = dict(mode=FLAGS.mode, ragged=FLAGS.ragged, **record, timing=TIMING,
@@ -153,18 +174,16 @@ def main(argv) -> int:
           file_mode(), record["date"], record["commit"]["short"], record["commit"]["dirty"]))
     if path:  # first: a failure while printing must not lose the numbers
       results.write_json(path, payload)
-    brief = {k: v for k, v in meta.items()
-             if k not in ("sweep", "kernel_profile", "sm_sweep", "routing", "timeline")}
+    long_entries = {"sweep", "sm_sweep", "routing"} | {probe.key for probe in probes}
+    brief = {k: v for k, v in meta.items() if k not in long_entries}
     machine = record["machine"]
     print("\n" + results.format_table(
         rows, f"jax_ep bench --mode {FLAGS.mode} on {machine['device_count']}x "
               f"{machine['device_kind']} ({record['date']}, commit {record['commit']['short']}"
               f"{' dirty' if record['commit']['dirty'] else ''}): {brief}"))
-    for label, profile in meta.get("kernel_profile", {}).items():
-      print(f"in-kernel profile (rank 0, us per call): {label}: "
-            f"{kernel_profile.format_profile(profile)}")
-    for label, summary in meta.get("timeline", {}).items():
-      print(f"timeline (rank 0, per call): {label}: {gpu_timeline.format_summary(summary)}")
+    for probe in probes:
+      for label, result in meta.get(probe.key, {}).items():
+        print(f"{probe.title} (rank 0): {label}: {probe.format(result)}")
     for point in meta.get("sm_sweep", []):
       print(f"SM budget {point['num_sms']}: " + ", ".join(
           f"{k}: {v:.1f} us" if v is not None else
@@ -172,16 +191,8 @@ def main(argv) -> int:
           for k, v in point["us"].items()))
     if path:
       print(f"results: {path}")
-    chart = ops_plot_path()
-    if chart:
-      from jax_ep.bench import plot  # pylint: disable=import-outside-toplevel
-      try:
-        plot.plot_run(payload, chart)
-        print(f"plot: {chart}")
-      except Exception as e:  # pylint: disable=broad-except
-        # After the JSON and the table: a plot that cannot be drawn loses no number.
-        print(f"bench: plot FAILED: {type(e).__name__}: {e}")
-        failed = True
+      for command in chart_commands(path):
+        print(f"chart: {command}")
     if failed:
       print("bench: at least one system FAILED (see the table / the JSON's rows)")
   jax_ep.finalize()
@@ -192,10 +203,19 @@ def main(argv) -> int:
 HELP_ARGS = ("-h", "--help", "-?", "--helpshort")
 
 
-if __name__ == "__main__":
+def cli(main_fn: Callable[[list[str]], int], doc: str) -> None:
+  """Runs ``main_fn`` under absl. Asked for help (HELP_ARGS): prints ``doc`` and the
+  bench's flags and exits 0 (absl's own --help exits with status 1; asking for
+  help is not a failure)."""
   if any(arg in HELP_ARGS for arg in sys.argv[1:]):
-    # absl's own --help exits with status 1; asking for help is not a failure.
     FLAGS(sys.argv[:1])
-    print((__doc__ or "").strip() + "\n\nflags:\n" + FLAGS.main_module_help())
+    # absl files flags under the module that defined them: this file's path when it
+    # runs as __main__, else its module name (benchmarks/probe.py imports it).
+    print(doc.strip() + "\n\nflags:\n" +
+          FLAGS.module_help(sys.argv[0] if __name__ == "__main__" else __name__))
     sys.exit(0)
-  app.run(main)
+  app.run(main_fn)
+
+
+if __name__ == "__main__":
+  cli(main, __doc__ or "")

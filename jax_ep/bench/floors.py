@@ -55,8 +55,8 @@ def pair_rows_floor(alignment: int, fp8: bool = False) -> str:
 
 
 # The floor row (op name of this system) each op's time is read against at EP1
-# (plot.py): the plain-XLA pass that moves the op's bytes, or the one-kernel floor
-# for the calls that move none.
+# (benchmarks/plot.py): the plain-XLA pass that moves the op's bytes, or the
+# one-kernel floor for the calls that move none.
 FLOOR_OF = {
     "LL dispatch FP8": "LL dispatch: row gather",
     "LL dispatch BF16": "LL dispatch: row gather",

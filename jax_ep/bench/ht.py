@@ -17,13 +17,14 @@ Systems, all timed the same way in the same run (timing.py):
   * the HBM floors of the local path (floors.py): one tiny kernel, a copy and an
     FP8 quantize of the rows in plain XLA.
 Bytes and GB/s: traffic.py (DeepEP's count and the bytes that cross NVLink).
+The token sweep's chart is drawn from the JSON (benchmarks/plot_sweep.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
@@ -194,9 +195,9 @@ def _bare_rows(bare_of: dict[str, measure.Outcome], tokens: int, hidden: int) ->
 
 
 def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: int,
-        repeats: int, seed: int, sweep: bool = False, plot: str | None = None,
-        ragged_only: bool = False, sm_sweep: tuple[int, ...] = (), baselines: bool = True,
-        layouts: bool = False, warmup_calls: int = timing.WARMUP_CALLS
+        repeats: int, seed: int, sweep: bool = False, ragged_only: bool = False,
+        sm_sweep: tuple[int, ...] = (), baselines: bool = True, layouts: bool = False,
+        warmup_calls: int = timing.WARMUP_CALLS, probes: Sequence[measure.Probe] = ()
         ) -> tuple[list[Row], dict]:
   """The HT table at ``tokens`` per rank; (rows, meta).
 
@@ -204,13 +205,14 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   instead; slow, so it runs as its own invocation and a stall there cannot cost
   the other numbers (single-shot unless XLA's decomposer is on, see
   ragged.needs_single_shot). ``sweep``: also jax_ep, the portable path and the
-  bare exchange over tokens per rank 128..8192 (+ PNG). ``sm_sweep``: also
-  jax_ep at each of these SM budgets (EpConfig.num_sms). ``baselines=False``:
+  bare exchange over tokens per rank 128..8192 (``meta.sweep``). ``sm_sweep``:
+  also jax_ep at each of these SM budgets (EpConfig.num_sms). ``baselines=False``:
   jax_ep and the bare exchange only (quick A/B runs of kernel variants).
   ``layouts``: also the layout rows (layouts.py): expert-major (with the
   floors of its rows), token-major, and token-major followed by the user's jnp
-  sort. ``warmup_calls``: calls of
-  warm-up executions before each system (timing.py).
+  sort. ``warmup_calls``: calls of warm-up executions before each system
+  (timing.py). ``probes``: looks inside each timing (measure.Probe), their
+  results in ``meta`` under their keys (the table's runs only, not the sweeps').
   """
   num_ranks = jax.device_count()
   mesh = jax.make_mesh((num_ranks,), ("ep",))
@@ -219,7 +221,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
               short_calls=timing.short_calls_of(max(num_calls, 2)), repeats=repeats, seed=seed,
               warmup_calls=warmup_calls, capacity=num_ranks * tokens)
   runner = measure.Runner(mesh, num_calls, repeats, context=f"tokens={tokens} ",
-                          warmup_calls=warmup_calls)
+                          warmup_calls=warmup_calls, probes=probes)
   s = _setup(mesh, tokens, hidden, num_experts, num_topk, seed, None)
   ours = f"jax_ep ({jax_ep.runtime_state().backend_name} backend)"
   names = dict(jax_ep=ours, portable=PORTABLE, ragged=RAGGED)
@@ -246,31 +248,29 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
     rows += layout_rows.rows(runner, config, s.x, s.q, s.scales, s.idx, s.w, "jax_ep",
                              s.ranks_here)
     meta["expert_alignments"] = list(layout_rows.ALIGNMENTS)
-  if runner.profiles:
-    meta["kernel_profile"] = runner.profiles
-  if runner.timelines:
-    meta["timeline"] = runner.timelines
+  meta.update(runner.probed)
   if sm_sweep:
     meta["sm_sweep"] = [_point(mesh, tokens, hidden, num_experts, num_topk, seed, n, num_calls,
-                               repeats, baselines=False, warmup_calls=warmup_calls)
+                               repeats, baselines=False, warmup_calls=warmup_calls,
+                               probes=probes)
                         for n in sm_sweep]
   if sweep:
-    curve = [_point(mesh, t, hidden, num_experts, num_topk, seed, None, num_calls, repeats,
-                    baselines=True, warmup_calls=warmup_calls) for t in SWEEP_TOKENS]
-    meta["sweep"] = curve
-    if plot and jax.process_index() == 0:
-      _plot(curve, plot)
+    meta["sweep"] = [_point(mesh, t, hidden, num_experts, num_topk, seed, None, num_calls,
+                            repeats, baselines=True, warmup_calls=warmup_calls, probes=probes)
+                     for t in SWEEP_TOKENS]
   return rows, meta
 
 
 def _point(mesh, tokens, hidden, num_experts, num_topk, seed, num_sms, num_calls, repeats,
-           baselines: bool, warmup_calls: int = timing.WARMUP_CALLS) -> dict:
+           baselines: bool, warmup_calls: int = timing.WARMUP_CALLS,
+           probes: Sequence[measure.Probe] = ()) -> dict:
   """One sweep point: {tokens, num_sms, us: {key: us or None}, gbps: {...}, errors: {...},
   below_noise: [key, ...]} with keys "<op> <system>" (jax_ep; with baselines also
-  portable and bare); us is None where the key failed (errors) or was below noise."""
+  portable and bare); us is None where the key failed (errors) or was below noise.
+  The probes look at its timings too (printed, not kept)."""
   runner = measure.Runner(mesh, num_calls, repeats,
                           context=f"tokens={tokens} num_sms={num_sms} ",
-                          warmup_calls=warmup_calls)
+                          warmup_calls=warmup_calls, probes=probes)
   s = _setup(mesh, tokens, hidden, num_experts, num_topk, seed, num_sms)
   ops = {"jax_ep": _jax_ep_systems(runner, s)}
   if baselines:
@@ -291,28 +291,3 @@ def _point(mesh, tokens, hidden, num_experts, num_topk, seed, num_sms, num_calls
       elif outcome.below_noise:
         point["below_noise"].append(key)
   return point
-
-
-def _plot(curve: list[dict], path: str) -> None:
-  """Time and DeepEP-counted GB/s against tokens per rank, one line per (op, system)."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
-  for key in curve[0]["us"]:
-    points = [(c["tokens"], c["us"][key], c["gbps"][key]) for c in curve
-              if c["us"].get(key) is not None]
-    if not points:
-      continue
-    style = "-" if key.endswith("jax_ep") else "--"
-    ax_t.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=key)
-    ax_b.plot([p[0] for p in points], [p[2] for p in points], style, marker="o", label=key)
-  for ax, label in ((ax_t, "us per call"), (ax_b, "GB/s (received bytes / time)")):
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("tokens per rank")
-    ax.set_ylabel(label)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-  fig.suptitle("HT dispatch/combine vs tokens per rank")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)

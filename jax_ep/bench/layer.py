@@ -11,7 +11,8 @@ Systems (a DeepSeek-V3 rank's share by default: hidden 7168, expert FFN 2048,
 - the floor: dense matmuls of the same useful FLOPs (the expert GEMMs of
   pairs = tokens * top-k rows; forward+backward: their gradients too).
 Useful FLOPs: forward 2 * pairs * H * 3F (gate+up and down), forward+backward 3x.
-Every system gets the same router weights, so the same routing.
+Every system gets the same router weights, so the same routing. The chart of the
+rows is drawn from the JSON (benchmarks/plot_layer.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -82,8 +82,8 @@ def _forward_backward(fn):
   return run
 
 
-def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, repeats: int,
-        plot_path: str | None) -> tuple[list[dict], dict]:
+def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, repeats: int
+        ) -> tuple[list[dict], dict]:
   ep = jax_ep.EpConfig(num_experts=experts, hidden=hidden, max_tokens_per_rank=tokens,
                        num_topk=topk, axis_name="ep", enable_low_latency=False)
   config = moe.MoeConfig(ep=ep, ffn_size=ffn)
@@ -130,8 +130,6 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
   meta["grouped_matmul"] = {p: v for p, v in vars(moe.grouped_matmul_plan(
       config.gmm, jax.ShapeDtypeStruct((pairs, hidden), BF16),
       jax.ShapeDtypeStruct((experts, hidden, 2 * ffn), BF16))).items() if p != "tiles"}
-  if plot_path:
-    plot(rows, meta, plot_path)
   return rows, meta
 
 
@@ -142,30 +140,3 @@ def format_row(row: dict) -> str:
   peak = f"{row['peak_bytes'] / 2**30:6.1f} GiB" if row["peak_bytes"] else "      ?"
   ratio = f"{row['of_floor']:.2f}x floor" if row["of_floor"] else ""
   return f"{head} {row['us'] / 1e3:9.2f} ms {row['tflops']:6.0f} TF/s {peak}  {ratio}"
-
-
-def plot(rows: list[dict], meta: dict, path: str) -> None:
-  """Useful TFLOP/s of each system, forward and forward+backward (failed: 0, marked)."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  systems = list(dict.fromkeys(r["system"] for r in rows))
-  modes = ("forward", "forward_backward")
-  fig, ax = plt.subplots(figsize=(10, 4.5))
-  width = 0.8 / len(systems)
-  for i, system in enumerate(systems):
-    values = []
-    for mode in modes:
-      row = next(r for r in rows if r["system"] == system and r["mode"] == mode)
-      values.append(row["tflops"] or 0.0)
-    bars = ax.bar(np.arange(len(modes)) + i * width, values, width, label=system)
-    for bar, value in zip(bars, values):
-      ax.annotate("failed" if not value else f"{value:.0f}", (bar.get_x() + bar.get_width() / 2,
-                  bar.get_height()), ha="center", va="bottom", fontsize=8)
-  ax.set_xticks(np.arange(len(modes)) + width * (len(systems) - 1) / 2, modes)
-  ax.set_ylabel("useful TFLOP/s")
-  ax.set_title(f"MoE layer, EP1: {meta['tokens']} tokens, H {meta['hidden']}, F {meta['ffn']}, "
-               f"{meta['experts']} experts, top-{meta['topk']}, SwiGLU, bf16")
-  ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)

@@ -15,8 +15,8 @@
 Each expert-major row has its own op name per A (floors.expert_major_op) and its
 floor in the same run, timed the same way: an XLA copy of the same pair bytes
 (floors.layout_rows; the M pair rows of the dispatch at that A, bf16, or e4m3
-plus float32 scales), paired by floors.FLOOR_OF (plot.py draws it at EP1); the
-row's note gives its time over the floor's.
+plus float32 scales), paired by floors.FLOOR_OF (benchmarks/plot.py draws it at
+EP1); the row's note gives its time over the floor's.
 
 Each op returns its whole result (timing.loop_of keeps every leaf alive). The
 combine rows start from pair rows and weights made once, outside the timers.

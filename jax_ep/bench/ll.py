@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
@@ -56,8 +56,10 @@ def portable_dispatch_op(config: jax_ep.EpConfig, fp8: bool) -> Callable:
 
 def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: int,
         repeats: int, seed: int, baselines: bool = True,
-        warmup_calls: int = timing.WARMUP_CALLS) -> tuple[list[Row], dict]:
-  """The LL table at ``tokens`` per rank; (rows, meta) with meta's run settings.
+        warmup_calls: int = timing.WARMUP_CALLS, probes: Sequence[measure.Probe] = ()
+        ) -> tuple[list[Row], dict]:
+  """The LL table at ``tokens`` per rank; (rows, meta) with meta's run settings
+  and each probe's results under its key (measure.Probe).
   ``baselines=False``: no portable all_to_all rows (quick A/B runs).
   ``warmup_calls``: calls of warm-up executions before each system (timing.py)."""
   num_ranks = jax.device_count()
@@ -119,7 +121,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   def ours_combine_presummed(y, i, s, c, row_weights):
     return jax_ep.low_latency_combine(y, i, None, handle(s, c, row_weights), config=config)
 
-  runner = measure.Runner(mesh, num_calls, repeats, warmup_calls=warmup_calls)
+  runner = measure.Runner(mesh, num_calls, repeats, warmup_calls=warmup_calls, probes=probes)
   bare_of = {label: runner.time(f"bare all_to_all {label}",
                                 functools.partial(bare.exchange, num_ranks=num_ranks),
                                 bare.inputs(x, num_ranks, fp8, here))
@@ -174,6 +176,5 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
               short_calls=timing.short_calls_of(max(num_calls, 2)), repeats=repeats, seed=seed,
               warmup_calls=warmup_calls, ll_max_tokens_per_rank=tokens,
               routing=dict(pairs=counts.pairs.tolist(), tokens=counts.tokens.tolist()),
-              kernel_profile_rank=rank, kernel_profile=runner.profiles,
-              timeline=runner.timelines)
+              **runner.probed)
   return rows, meta

@@ -10,18 +10,22 @@ kernels' bounded waits turn such stalls into errors.)
 A time that is not positive is not a time: the long and the short loops took
 the same wall time within the host's noise (timing.slope_noise_us). Such an
 outcome has no time and says ``below_noise``; nothing prints it as a number.
+
+What looks inside a timing (the kernels' in-kernel profile, the profiler's
+timeline) is not part of the bench: a Runner takes Probes, which the
+repository's benchmarks/probe.py passes in.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from typing import Callable, Protocol, Sequence
 
 import jax
 import numpy as np
 
-from jax_ep.bench import gpu_timeline, kernel_profile, timing
+from jax_ep.bench import timing
 from jax_ep.bench.timing import Timing
 
 ERROR_BYTES = 2048  # error text kept per rank (UTF-8, truncated)
@@ -120,6 +124,37 @@ def describe(outcome: Outcome) -> str:
   return f"{outcome.us:.1f} us" + (f" (unstable slope{noise})" if outcome.stable is False else "")
 
 
+class Probe(Protocol):
+  """A look inside each timing, taken beside its time (benchmarks/probe.py's
+  in-kernel profile and profiler timeline). Runner calls it around the timed
+  executions of each system it times (a kernels_only probe: only of the systems
+  timed with ``profile=True``, those that run jax_ep's kernels); single-shot
+  timings have none.
+
+  Attributes:
+    key: the entry of the run's ``meta`` (and JSON) that holds its results,
+      {label: this rank's result}.
+    title: its name in the bench's output lines.
+    kernels_only: whether it looks only at the systems timed with profile=True.
+  """
+
+  key: str
+  title: str
+  kernels_only: bool
+
+  def after_warmup(self) -> None:
+    """Runs between the warm-up and the timed executions (all executions of
+    both loop lengths then count in whatever it resets)."""
+
+  def after_timing(self, run_once: Callable[[], None], num_calls: int) -> dict | None:
+    """This rank's result, after the timed executions; None where it has none
+    (no kernels of its kind ran). ``run_once`` runs the long executable, of
+    ``num_calls`` calls, once more."""
+
+  def format(self, result: dict) -> str:
+    """The result in one line."""
+
+
 class Runner:
   """Times per-shard ops on one mesh, all the same way, and logs each outcome.
 
@@ -129,51 +164,49 @@ class Runner:
   """
 
   def __init__(self, mesh: jax.sharding.Mesh, num_calls: int, repeats: int, context: str = "",
-               warmup_calls: int = timing.WARMUP_CALLS):
+               warmup_calls: int = timing.WARMUP_CALLS, probes: Sequence[Probe] = ()):
     self.mesh = mesh
     self.num_calls = num_calls
     self.repeats = repeats
     self.context = context
     self.warmup_calls = warmup_calls  # timing.time_per_call's warm-up
-    self.profiles: dict[str, dict] = {}  # label -> this rank's kernel profile
-    self.timelines: dict[str, dict] = {}  # label -> this rank's timeline (JAX_EP_TIMELINE=1)
+    self.probes = tuple(probes)  # in order: each one's after_timing before the next's
+    # Probe.key -> label -> this rank's result; a key only once a result came.
+    self.probed: dict[str, dict[str, dict]] = {}
 
   def time(self, label: str, op: Callable, args, *, profile: bool = False,
            single_shot: bool = False, num_calls: int | None = None) -> Outcome:
     """Outcome of ``op`` (per shard, inside jit(shard_map)) on ``args``.
 
-    profile: with JAX_EP_PROFILE=1 on the CUDA backend, keep the kernels'
-    in-kernel profile of the timed calls. With JAX_EP_TIMELINE=1 every
-    system's timeline is kept too (gpu_timeline.py), after its timing.
+    profile: ``op`` runs jax_ep's kernels: the kernels_only probes look at it too.
+    Every probe's result is kept in ``probed`` and printed, after the timing.
     single_shot: every executable runs once (timing.time_single_shot says when
     that is needed).
     """
     calls = num_calls or self.num_calls
     rank = jax.process_index()
+    name = f"{self.context}{label}"
+    probes = [p for p in self.probes if profile or not p.kernels_only]
+
+    def after_warmup() -> None:
+      for probe in probes:
+        probe.after_warmup()
+
+    def after_timing(run_once: Callable[[], None]) -> None:
+      for probe in probes:
+        result = probe.after_timing(run_once, calls)
+        if result is not None:
+          self.probed.setdefault(probe.key, {})[name] = result
+          print(f"{probe.title} rank {rank}: {name}: {probe.format(result)}", flush=True)
 
     def timer() -> Timing:
       local_args = args() if callable(args) else args
       if single_shot:
         return timing.time_single_shot(op, self.mesh, local_args, calls)
-      keep_profile = profile and kernel_profile.enabled()
-
-      def keep_timeline(run_once: Callable[[], None]) -> None:
-        summary = gpu_timeline.record(run_once, calls)
-        self.timelines[f"{self.context}{label}"] = summary
-        print(f"timeline rank {rank}: {self.context}{label}: "
-              f"{gpu_timeline.format_summary(summary)}", flush=True)
-
-      measured = timing.time_per_call(
+      return timing.time_per_call(
           op, self.mesh, local_args, calls, self.repeats,
-          after_warmup=kernel_profile.reset if keep_profile else None,
-          after_timing=keep_timeline if gpu_timeline.enabled() else None,
-          warmup_calls=self.warmup_calls)
-      if keep_profile:
-        self.profiles[f"{self.context}{label}"] = kernel_profile.read()
-        print(f"profile rank {rank}: {self.context}{label}: "
-              f"{kernel_profile.format_profile(self.profiles[f'{self.context}{label}'])}",
-              flush=True)
-      return measured
+          after_warmup=after_warmup if probes else None,
+          after_timing=after_timing if probes else None, warmup_calls=self.warmup_calls)
 
     outcome = run_system(timer)
     if rank == 0:

@@ -79,20 +79,21 @@ def versions() -> dict:
   return dict(python=sys.version.split()[0], jax=jax.__version__, jaxlib=jaxlib.__version__)
 
 
-def command_line(argv: Sequence[str]) -> str:
-  """The command that ran the bench (``argv``: its sys.argv), in the launcher's form
-  when the launcher started it."""
-  bench = " ".join(["-m jax_ep.bench"] + [shlex.quote(a) for a in argv[1:]])
+def command_line(argv: Sequence[str], module: str = "jax_ep.bench") -> str:
+  """The command that ran the bench (``argv``: its sys.argv; ``module``: what
+  ``python -m`` ran), in the launcher's form when the launcher started it."""
+  bench = " ".join([f"-m {module}"] + [shlex.quote(a) for a in argv[1:]])
   if os.environ.get("JAX_EP_LAUNCHED") == "1":
     return f"python -m jax_ep.launch -n {os.environ.get('JAX_EP_NUM_PROCESSES', '?')} {bench}"
   return f"python {bench}"
 
 
-def record(argv: Sequence[str], now: datetime.datetime | None = None) -> dict:
-  """The provenance fields of a bench JSON."""
+def record(argv: Sequence[str], now: datetime.datetime | None = None,
+           module: str = "jax_ep.bench") -> dict:
+  """The provenance fields of a bench JSON (``module``: as command_line)."""
   now = now or datetime.datetime.now()
   return dict(date=now.isoformat(timespec="seconds"), machine=machine(), commit=commit(),
-              versions=versions(), command=command_line(argv),
+              versions=versions(), command=command_line(argv, module),
               environment={k: os.environ[k] for k in RECORDED_ENV if k in os.environ})
 
 

@@ -5,8 +5,9 @@ Every system is timed the same way: ``loop_of(fn, n)`` jitted for n = N and
 N/5, both compiled and run twice, ``warmup_executions`` more of the long one,
 (or fewer, once they have run WARMUP_SECONDS: a system whose call takes a
 large fraction of a second is warm after a few), then ``repeats`` executions of
-each length, alternately; the time per call is the slope. A system that raises (out of memory included) gives its error
-instead, so one failure loses no other row.
+each length, alternately; the time per call is the slope. A system that
+raises (out of memory included) gives its error instead, so one failure loses
+no other row.
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ def time_per_call(per_shard_op: Callable, mesh: jax.sharding.Mesh, local_args,
   ``after_warmup`` runs between the warm-ups and the timed executions (all
   executions of both loop lengths then count in whatever it resets).
   ``after_timing`` gets, after the timed executions, a function that runs the
-  long executable once more (gpu_timeline.record profiles that execution).
+  long executable once more (a probe may profile that execution: measure.Probe).
   """
   num_calls = max(num_calls, 2)
   fns = {n: executable(per_shard_op, mesh, n) for n in (num_calls, short_calls_of(num_calls))}

@@ -7,7 +7,12 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-sys.path.insert(0, os.path.dirname(__file__))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TESTS = os.path.dirname(_HERE)
+# This folder's helpers, the host oracle (tests/host_reference.py) and the
+# repository root (benchmarks/), under pytest and under Bazel alike (its runner
+# runs these files from the source tree).
+sys.path[:0] = [_HERE, _TESTS, os.path.dirname(_TESTS)]
 
 import pytest  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""jax_ep.bench.medians: the median over runs of each row, and the refusals."""
+"""benchmarks/medians.py: the median over runs of each row, and the refusals."""
 
 import glob
 import json
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from jax_ep.bench import medians
+from benchmarks import medians
 
 
 def _run(us_by_op, commit="abc1234", tokens=128, failed=(), unstable=()):

@@ -1,4 +1,4 @@
-"""jax_ep.bench.plot: each op against its floor (EP1) or the bare exchange (EP > 1),
+"""benchmarks/plot.py: each op against its floor (EP1) or the bare exchange (EP > 1),
 from a run's rows or the medians of saved runs."""
 
 import glob
@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 
-from jax_ep.bench import floors, plot
+from benchmarks import plot
+from jax_ep.bench import floors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LL_RUNS = sorted(glob.glob(os.path.join(ROOT, "docs", "results", "ll_2026-12-03_67a9c6d*.json")))
@@ -18,7 +19,7 @@ def test_plot_of_saved_runs_writes_a_png(tmp_path):
   """The five EP1 LL runs of one commit (docs/results): one PNG of their medians."""
   assert len(LL_RUNS) == 5, LL_RUNS
   out = tmp_path / "ll.png"
-  result = subprocess.run([sys.executable, "-m", "jax_ep.bench.plot", *LL_RUNS, "--out",
+  result = subprocess.run([sys.executable, "-m", "benchmarks.plot", *LL_RUNS, "--out",
                            str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr
   assert "(5 runs)" in result.stdout
@@ -32,7 +33,7 @@ def test_runs_that_cannot_share_a_median_are_refused(tmp_path):
   path = tmp_path / "other.json"
   path.write_text(json.dumps(other))
   out = tmp_path / "mixed.png"
-  result = subprocess.run([sys.executable, "-m", "jax_ep.bench.plot", LL_RUNS[0], str(path),
+  result = subprocess.run([sys.executable, "-m", "benchmarks.plot", LL_RUNS[0], str(path),
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
   assert result.returncode == 2 and "tokens_per_rank" in result.stderr, result.stderr

@@ -1,4 +1,4 @@
-"""jax_ep.bench.plot_sm_sweep: the jax_ep HT ops' time against their SM budget, from
+"""benchmarks/plot_sm_sweep.py: the jax_ep HT ops' time against their SM budget, from
 the medians of runs or one run, with the per-SM copy ceilings and the targets."""
 
 import importlib.util
@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from jax_ep.bench import medians, plot_sm_sweep
+from benchmarks import medians, plot_sm_sweep
 
-# The charts need matplotlib (the bench extra); the arithmetic does not.
+# The charts need matplotlib (requirements-dev.txt); the arithmetic does not.
 needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
-                                      reason="the charts need matplotlib (pip install .[bench])")
+                                      reason="the charts need matplotlib")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -135,7 +135,7 @@ def test_title_names_machine_commit_and_dates():
 
 @needs_matplotlib
 def test_the_command_line(tmp_path):
-  """python -m jax_ep.bench.medians --out, then python -m jax_ep.bench.plot_sm_sweep;
+  """python -m benchmarks.medians --out, then python -m benchmarks.plot_sm_sweep;
   a file without an SM sweep is refused."""
   paths = []
   for i in range(3):
@@ -145,17 +145,17 @@ def test_the_command_line(tmp_path):
   ceilings = tmp_path / "ceilings.json"
   ceilings.write_text(json.dumps(_ceilings()))
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  result = subprocess.run([sys.executable, "-m", "jax_ep.bench.medians", *map(str, paths),
+  result = subprocess.run([sys.executable, "-m", "benchmarks.medians", *map(str, paths),
                            "--out", str(summary)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr
   out = tmp_path / "sm.png"
-  result = subprocess.run([sys.executable, "-m", "jax_ep.bench.plot_sm_sweep", str(summary),
+  result = subprocess.run([sys.executable, "-m", "benchmarks.plot_sm_sweep", str(summary),
                            "--ceilings", str(ceilings), "--out", str(out), "--targets"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr
   assert out.read_bytes().startswith(PNG)
-  result = subprocess.run([sys.executable, "-m", "jax_ep.bench.plot_sm_sweep", str(ceilings),
+  result = subprocess.run([sys.executable, "-m", "benchmarks.plot_sm_sweep", str(ceilings),
                            "--out", str(tmp_path / "no.png")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
   assert result.returncode == 2 and "no meta.sm_sweep" in result.stderr, result.stderr

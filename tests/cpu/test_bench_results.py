@@ -178,13 +178,16 @@ def test_default_name_and_numbering(tmp_path):
 
 
 def test_command_line_in_the_launcher_form(monkeypatch):
-  argv = ["/x/jax_ep/bench/__main__.py", "--mode", "ht", "--plot", "a b.png"]
+  argv = ["/x/jax_ep/bench/__main__.py", "--mode", "ht", "--out", "a b.json"]
   monkeypatch.delenv("JAX_EP_LAUNCHED", raising=False)
-  assert provenance.command_line(argv) == "python -m jax_ep.bench --mode ht --plot 'a b.png'"
+  assert provenance.command_line(argv) == "python -m jax_ep.bench --mode ht --out 'a b.json'"
   monkeypatch.setenv("JAX_EP_LAUNCHED", "1")
   monkeypatch.setenv("JAX_EP_NUM_PROCESSES", "2")
   assert provenance.command_line(argv) == (
-      "python -m jax_ep.launch -n 2 -m jax_ep.bench --mode ht --plot 'a b.png'")
+      "python -m jax_ep.launch -n 2 -m jax_ep.bench --mode ht --out 'a b.json'")
+  # The bench run with its probes (benchmarks/probe.py) names that module.
+  assert provenance.command_line(argv, "benchmarks.probe") == (
+      "python -m jax_ep.launch -n 2 -m benchmarks.probe --mode ht --out 'a b.json'")
 
 
 def test_record_holds_machine_commit_date_versions_and_command(monkeypatch):

@@ -161,19 +161,27 @@ def test_bench_in_one_process_on_8_cpu_devices(tmp_path, mode):
   """One process holding all 8 EP ranks (no launcher): every rank gets its own T
   tokens, the combines' inputs (one dispatch's process-wide result) go back to the
   ranks they came from, and no row fails (the combine rows used to fail: the
-  dispatch's result was cut to the first rank's part). --plot writes the chart
-  of the ops against the bare exchange. ht also runs --layouts: the layout rows
-  and their floors on the 8 ranks' parts."""
+  dispatch's result was cut to the first rank's part). The bench prints the
+  command that draws its JSON's chart of the ops against the bare exchange
+  (benchmarks/plot.py), which then writes it. ht also runs --layouts: the layout
+  rows and their floors on the 8 ranks' parts."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=8")
   out, png = tmp_path / "bench.json", tmp_path / "bench.png"
   extra = ["--layouts"] if mode == "ht" else []
   result = subprocess.run([sys.executable, "-m", "jax_ep.bench", "--mode", mode, *extra, *TINY,
-                           "--out", str(out), "--plot", str(png)], cwd=ROOT, env=env,
+                           "--out", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  assert png.read_bytes().startswith(b"\x89PNG") and f"plot: {png}" in result.stdout
+  chart = f"python -m benchmarks.plot {out} --out {png}"
+  assert f"chart: {chart}" in result.stdout, result.stdout[-2000:]
+  drawn = subprocess.run([sys.executable, *chart.split()[1:]], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+  assert drawn.returncode == 0, drawn.stdout + drawn.stderr
+  assert png.read_bytes().startswith(b"\x89PNG")
   data = json.loads(out.read_text())
+  # No probe ran: the plain bench keeps none of their entries.
+  assert not {"kernel_profile", "timeline"} & set(data["meta"]), sorted(data["meta"])
   assert data["machine"]["device_count"] == 8 and data["machine"]["process_count"] == 1
   assert not data["any_failed"] and not [r for r in data["rows"] if r["failed"]]
   combines = [r for r in data["rows"] if "combine" in r["op"] and r["system"].startswith("jax_ep")]
@@ -213,3 +221,15 @@ def test_single_device_modes_write_their_rows(tmp_path, mode):
     assert len(systems) == 4 and {r["mode"] for r in payload["rows"]} == {"forward",
                                                                           "forward_backward"}
   assert all(row["error"] is None for row in payload["rows"]), payload["rows"]
+  # The layer's chart is drawn from its JSON (benchmarks/plot_layer.py); gmm has none.
+  charts = [line[len("chart: "):] for line in result.stdout.splitlines()
+            if line.startswith("chart: ")]
+  if mode == "gmm":
+    assert charts == []
+  else:
+    png = tmp_path / "layer.png"
+    assert charts == [f"python -m benchmarks.plot_layer {out} --out {png}"]
+    drawn = subprocess.run([sys.executable, *charts[0].split()[1:]], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert drawn.returncode == 0, drawn.stdout + drawn.stderr
+    assert png.read_bytes().startswith(b"\x89PNG")

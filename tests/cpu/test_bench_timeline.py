@@ -1,5 +1,5 @@
-"""The bench's timeline summary (jax_ep/bench/gpu_timeline.py): busy, idle and span
-per call from synthetic profile planes, and a real profile of a CPU loop."""
+"""The timeline summary of benchmarks/gpu_timeline.py: busy, idle and span per call
+from synthetic profile planes, a real profile of a CPU loop, and its probe."""
 
 import dataclasses
 
@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from jax_ep.bench import gpu_timeline, timing
+from benchmarks import gpu_timeline
+from jax_ep.bench import timing
 
 
 @dataclasses.dataclass
@@ -63,15 +64,30 @@ def test_a_trace_without_device_events_says_so():
   assert gpu_timeline.format_summary(summary).startswith("no device events")
 
 
-def test_record_profiles_one_execution_of_a_cpu_loop():
+def _cpu_loop():
+  """run_once of an 8-call loop on one CPU device, compiled and run once."""
   mesh = jax.make_mesh((1,), ("ep",))
   loop = timing.executable(lambda r: (r + 1,), mesh, 8)
   routing = timing.global_array(mesh, np.zeros((4, 2), np.int32))
   jax.block_until_ready(loop(routing))
-  summary = gpu_timeline.record(lambda: jax.block_until_ready(loop(routing)), 8)
+  return lambda: jax.block_until_ready(loop(routing))
+
+
+def test_record_profiles_one_execution_of_a_cpu_loop():
+  summary = gpu_timeline.record(_cpu_loop(), 8)
   assert summary["calls"] == 8
   # The CPU runtime's own events are there; every add of the loop under one name.
   assert any(h["count"] >= 8 for h in summary["host"].values()), summary["host"]
+
+
+def test_the_probe_keeps_every_systems_timeline_under_meta_timeline():
+  """TimelineProbe (jax_ep.bench.measure.Probe): every system, not only jax_ep's
+  kernels; the timeline of one more execution after the timing."""
+  probe = gpu_timeline.TimelineProbe()
+  assert (probe.key, probe.kernels_only) == ("timeline", False)
+  probe.after_warmup()
+  summary = probe.after_timing(_cpu_loop(), 8)
+  assert summary["calls"] == 8 and probe.format(summary) == gpu_timeline.format_summary(summary)
 
 
 def test_enabled_by_the_environment(monkeypatch):

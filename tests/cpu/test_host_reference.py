@@ -1,4 +1,4 @@
-"""jax_ep.host_reference (numpy model of the whole EP group) against the jnp
+"""tests/host_reference.py (numpy model of the whole EP group) against the jnp
 all_gather oracle (jax_ep.reference) and the portable backend, on meshes of 2,
 4 and 8 CPU devices.
 
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import jax_ep
-from jax_ep import host_reference as hr
+import host_reference as hr
 from ep_testing import bits, random_routing, random_rows, run_per_shard, setup
 
 RANKS = [2, 4, 8]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jax_ep
-from jax_ep import host_reference
+import host_reference
 from ep_testing import ranks_routing as _routing
 from ep_testing import bits, random_rows, run_per_shard, setup, valid_rows_mask
 

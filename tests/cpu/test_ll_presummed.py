@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
-from jax_ep import host_reference as hr
+import host_reference as hr
 from ep_testing import (bits, check_grads_of_layer, exact_grad_problem, global_fn, place,
                         random_rows, ranks_routing, run_per_shard, setup, valid_rows_mask)
 

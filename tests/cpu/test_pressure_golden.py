@@ -1,5 +1,5 @@
 """The GPU pressure test's golden hashes are the contract's: recomputed here
-from jax_ep.host_reference (numpy), not taken from one backend's run."""
+from tests/host_reference.py (numpy), not taken from one backend's run."""
 
 import os
 import sys

@@ -13,9 +13,9 @@ import pytest
 
 import jax_ep
 from jax_ep import _extension
-from jax_ep import host_reference
 from jax_ep.backends.cuda import config_attr
 from jax_ep.buffers import sizing_config
+import host_reference
 from ep_testing import ranks_routing, bits, make_mesh, random_rows, run_per_shard
 
 R = 4
@@ -60,7 +60,7 @@ def _ops(config: jax_ep.EpConfig):
 
 def _check(config: jax_ep.EpConfig, got: dict, x, idx, w) -> None:
   """Bit for bit against the oracles: the HT ops against jax_ep.reference, the
-  LL ones against jax_ep.host_reference (as tests/cpu/test_ht.py, test_ll.py)."""
+  LL ones against tests/host_reference.py (as tests/cpu/test_ht.py, test_ll.py)."""
   t = T_LOCAL[config]
   assert got["out"].shape == (R, t, config.hidden)
   assert got["x"].shape == (R, R * config.max_tokens_per_rank, config.hidden)

@@ -9,7 +9,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
-from jax_ep import host_reference
+import host_reference
 from ep_testing import bits, random_routing, random_rows
 
 

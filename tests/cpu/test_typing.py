@@ -12,6 +12,7 @@ import pytest
 
 import jax_ep
 from jax_ep import ops, types
+from wheel_files import wheel_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.dirname(os.path.abspath(jax_ep.__file__))
@@ -50,20 +51,6 @@ def test_py_typed_is_in_the_package_directory():
 def test_the_wheel_takes_py_typed():
   """scikit-build-core copies every file of wheel.packages that neither git nor
   wheel.exclude / sdist.exclude leaves out: py.typed must be one of them."""
-  settings_reader = pytest.importorskip("scikit_build_core.settings.skbuild_read_settings")
-  pathutil = pytest.importorskip("scikit_build_core.build._pathutil")
-  settings = settings_reader.SettingsReader.from_file(
-      os.path.join(ROOT, "pyproject.toml"), state="wheel").settings
-  assert "jax_ep" in settings.wheel.packages
-  cwd = os.getcwd()
-  os.chdir(ROOT)   # scikit-build-core walks the tree from the project root
-  try:
-    # The arguments scikit-build-core's wheel build passes (build/wheel.py).
-    targets = {str(target) for _, target in pathutil.iter_package_files(
-        packages={"jax_ep": "jax_ep"}, include=list(settings.sdist.include),
-        src_exclude=list(settings.sdist.exclude), target_exclude=list(settings.wheel.exclude),
-        build_dir=settings.build_dir, mode=settings.sdist.inclusion_mode or "default")}
-  finally:
-    os.chdir(cwd)
+  targets = wheel_files()
   assert "jax_ep/__init__.py" in targets, sorted(targets)
   assert "jax_ep/py.typed" in targets, sorted(targets)

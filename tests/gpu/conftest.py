@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+# This folder's helpers and the host oracle (tests/host_reference.py).
+sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
 
 # XLA:GPU may keep an intermediate in float32 where the program rounds it to
 # bfloat16 (excess precision, on by default); the host oracle rounds where the

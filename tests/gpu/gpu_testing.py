@@ -1,5 +1,5 @@
 """Helpers of the GPU tests: the EP mesh over all processes, global seeded
-inputs, and comparisons with the host oracle (jax_ep.host_reference).
+inputs, and comparisons with the host oracle (tests/host_reference.py).
 
 Protocol of every test: each process builds the same GLOBAL inputs ([R, ...],
 one seed for all ranks), runs the ops on its own slice ``[rank()]``, and
@@ -26,8 +26,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
-from jax_ep import host_reference as hr
 from jax_ep import launch
+import host_reference as hr
 
 # The suite's logic may run on CPU processes with the portable backend
 # (JAX_EP_GPU_TESTS_ON_CPU=1 JAX_PLATFORMS=cpu); the kernels need GPUs.

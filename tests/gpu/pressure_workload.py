@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_ep
-from jax_ep import host_reference as hr
+import host_reference as hr
 from gpu_testing import (hash_fold, hash_fold_host, stable_dyadic_weights, stable_routing,
                          stable_rows)
 
@@ -70,7 +70,7 @@ def device_hash(x, w, idx, config: jax_ep.EpConfig):
 
 
 def host_hashes(num_ranks: int, num_calls: int = NUM_CALLS) -> list[int]:
-  """Every rank's device_hash, from jax_ep.host_reference."""
+  """Every rank's device_hash, from tests/host_reference.py."""
   config = jax_ep.EpConfig(**config_kwargs(num_ranks))
   per_rank = [inputs(r, num_ranks, num_calls) for r in range(num_ranks)]
   x = np.stack([p[0] for p in per_rank])

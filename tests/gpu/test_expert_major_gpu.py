@@ -8,7 +8,7 @@ the per-slot values kernel and the token-major combine; nothing is announced
 (the suite's fallback="error" refuses any portable exchange). Every comparison
 is bitwise: the pairs are bytes moved, the combine sums per rank in float32 in
 ascending local expert and those partials in rank order, like
-jax_ep.host_reference.
+tests/host_reference.py.
 """
 
 import jax
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jax_ep
-from jax_ep import host_reference as hr
+import host_reference as hr
 from gpu_testing import (BF16, F32, GRAD_ROUTINGS, assert_bitwise, dyadic_weights,
                          global_routing, grad_routing, mine, num_ranks, one_rank_routing, rng,
                          rows, run, setup)

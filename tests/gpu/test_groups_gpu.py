@@ -4,7 +4,7 @@ The N processes (one device each) form a 2-D mesh ("a", "b"); EP runs over one
 axis, so every coordinate of the other axis is an EP group of its own, or over
 both (one group). Each group's results are checked against the host oracle of
 that group alone: the group's inputs, in EP-rank order, through
-jax_ep.host_reference. EP over the major axis "a" puts non-consecutive
+tests/host_reference.py. EP over the major axis "a" puts non-consecutive
 processes (PEs) in one group: the kernels' rank -> PE table (cuda/transport.cuh)
 is what makes that work.
 
@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ep
 from jax_ep import groups
-from jax_ep import host_reference as hr
+import host_reference as hr
 from gpu_testing import BF16, F32, assert_bitwise, global_routing, rng, rows, setup_mesh
 
 MESHES = {4: [(2, 2)], 8: [(2, 4), (4, 2)]}

@@ -3,7 +3,7 @@
 Every comparison is bitwise except the weight gradient's dot products (see
 test_ht_gradients_match_host_oracle): the HT kernels move bytes, and the
 combine sums a token's copies in float32 in rank order from +0.0 with one
-rounding at the end, like jax_ep.host_reference.
+rounding at the end, like tests/host_reference.py.
 """
 
 import jax
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jax_ep
-from jax_ep import host_reference as hr
+import host_reference as hr
 from gpu_testing import (BF16, F32, GRAD_ROUTINGS, assert_bitwise, bf16_accumulated, bits,
                          dyadic_weights, global_routing, grad_routing, mine, num_ranks, rank, rng,
                          rows, run, setup, weights)
@@ -178,7 +178,7 @@ GRAD_SHAPES = [  # (E, K, T, H): K = 1 makes combine's backward run with R > K a
 
 def host_grads(x, idx, w, cot, config):
   """d(sum_r sum(f32(out_r) * cot_r))/d(x, topk_weights) of dispatch -> _expert
-  -> combine, from jax_ep.host_reference's VJP formulas (global [R, ...]
+  -> combine, from tests/host_reference.py's VJP formulas (global [R, ...]
   arrays): (grad_x bf16, grad_w float64, sum |terms| of grad_w for its bound)."""
   layout = hr.ht_dispatch(x, idx, w, config)
   scale = np.float32(1) + layout.topk_weights.sum(axis=-1, dtype=F32)      # [R, C], exact
@@ -206,7 +206,7 @@ def test_ht_gradients_match_host_oracle(shape, routing_name, wrt):
   Each rank's loss is sum(f32(out) * cot_r) with its own cotangent (no psum);
   the ops' VJPs move cotangents between ranks, so rank s receives d(sum_r
   loss_r)/d(x_s, w_s), which the host computes from the VJP formulas of
-  jax_ep.host_reference. Tolerances:
+  tests/host_reference.py. Tolerances:
   * grad_x: bitwise. Its steps are a move of bf16(cot), a product by the exact
     dyadic scale (exact: 8 + 12 significant bits) rounded once to bf16, and a
     rank-order float32 sum of the copies rounded once: the same operations here.

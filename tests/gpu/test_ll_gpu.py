@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jax_ep
-from jax_ep import host_reference as hr
+import host_reference as hr
 from gpu_testing import (BF16, F32, GRAD_ROUTINGS, ON_CPU, assert_bitwise, assert_within_ulp,
                          bf16_accumulated, bits, dyadic_weights, global_routing, grad_routing,
                          mine, num_ranks, rng, rows, run, weights)
@@ -136,7 +136,7 @@ def test_ll_gradients_match_host_oracle(shape, routing_name, weights_at):
 
   Each rank's loss is sum(f32(out) * cot_r) with its own cotangent (no psum);
   rank s receives d(sum_r loss_r)/d(x_s, w_s), computed on the host from the
-  VJP formulas of jax_ep.host_reference. Tolerances:
+  VJP formulas of tests/host_reference.py. Tolerances:
   * grad_x: bitwise. grad_y = bf16(f32(ct) * W) with W the sum of the dyadic
     weights naming the expert (exact in any order; the product is exact:
     8 + 10 significant bits), then bf16(f32(grad_y) * c) (exact product), then

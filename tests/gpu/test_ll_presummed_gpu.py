@@ -1,5 +1,5 @@
 """The low-latency combine pre-summed per rank on its kernel (the weights given to
-the dispatch; run under jax_ep.launch), against jax_ep.host_reference, bit for bit.
+the dispatch; run under jax_ep.launch), against tests/host_reference.py, bit for bit.
 
 Every rank holding a token's experts returns one row, p_r = bf16(the float32
 sum from +0.0, in ascending local expert, of fl(W * row)); the source adds the
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jax_ep
-from jax_ep import host_reference as hr
+import host_reference as hr
 from gpu_testing import (assert_bitwise, bits, global_routing, mine, num_ranks, rng, rows, run,
                          weights)
 from ll_testing import experts, expert, host_expert, ll_setup

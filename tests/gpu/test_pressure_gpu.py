@@ -15,7 +15,7 @@ from gpu_testing import num_ranks, rank, run_local, setup
 # (JAX_EP_GPU_TESTS_ON_CPU=1 JAX_PLATFORMS=cpu python -m jax_ep.launch -n R
 # -m pytest tests/gpu/test_pressure_gpu.py -s prints them), 2026-12-01, on
 # 28fa2f2 plus the commit that added them; tests/cpu/test_pressure_golden.py
-# recomputes the same values from jax_ep.host_reference. A legitimate change
+# recomputes the same values from tests/host_reference.py. A legitimate change
 # of the contract or of the workload (row order, padding, seeds, sizes,
 # NUM_CALLS, what is hashed) must regenerate them both ways.
 GOLDEN_HASHES = {

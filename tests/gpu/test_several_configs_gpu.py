@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jax_ep
-from jax_ep import host_reference as hr
+import host_reference as hr
 from gpu_testing import (BF16, F32, SHARED_GPU_TIMEOUT_S, TIMEOUT_S, assert_bitwise,
                          dyadic_weights, ep_mesh, global_routing, gpus_shared, kernels_only, mine,
                          num_ranks, rng, rows, run)

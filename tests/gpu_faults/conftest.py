@@ -12,7 +12,9 @@ an XLA collective, which would simply wait for the missing rank.
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "gpu"))
+# tests/gpu's helpers and the host oracle they use (tests/host_reference.py).
+sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "gpu"),
+                os.path.join(os.path.dirname(__file__), "..")]
 
 from jax_ep import launch  # noqa: E402
 

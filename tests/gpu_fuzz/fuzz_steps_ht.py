@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_ep
-from jax_ep import host_reference as hr
 from jax_ep.config import EpConfig
+import host_reference as hr
 from fuzz_step import StepCommon, dispatch_text, draw_common
 from gpu_testing import BF16, F32, assert_bitwise, dyadic_weights, mine, rows, weights
 from test_expert_major_gpu import _assert_dispatch as assert_expert_major_dispatch

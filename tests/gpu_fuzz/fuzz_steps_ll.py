@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_ep
-from jax_ep import host_reference as hr
 from jax_ep.config import EpConfig
+import host_reference as hr
 from fuzz_step import StepCommon, draw_common
 from gpu_testing import BF16, F32, assert_bitwise, assert_within_ulp, mine, rows, weights
 from ll_testing import expert, host_expert, host_scale, valid_rows

@@ -13,7 +13,7 @@ which the kernels of its ops run, the same order on every rank. Some orders
 left a group out of step (issue 30: jax.grad of an LL dispatch -> combine with
 every token on rank 0's experts ran three combines back to back and lapped a
 peer). Every returned result is compared with the host oracle
-(jax_ep.host_reference) with the tolerances of tests/gpu; after every program
+(tests/host_reference.py) with the tolerances of tests/gpu; after every program
 jax_ep.status() must be ok.
 
 Rank 0 prints each program with its seed before it runs; a failing check is
@@ -37,7 +37,8 @@ import sys
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [_HERE, os.path.join(os.path.dirname(_HERE), "gpu")]
+# This folder, tests/gpu's helpers and the host oracle (tests/host_reference.py).
+sys.path[:0] = [_HERE, os.path.join(os.path.dirname(_HERE), "gpu"), os.path.dirname(_HERE)]
 
 # As tests/gpu/conftest.py: the host oracle rounds where the program says, so
 # XLA must not keep intermediates in float32 beyond that. Set before JAX's

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 import jax_ep
-from jax_ep import host_reference as hr
+import host_reference as hr
 from gpu_testing import (assert_bitwise, global_routing, mine, num_ranks, rank, rng, rows, run,
                          setup)
 

@@ -1,5 +1,9 @@
 """jax_ep's contract as a numpy model of the whole EP group, for tests.
 
+Not part of the package: the test folders' conftest.py files (and
+tests/gpu_fuzz/schedule_fuzz.py) put tests/ on sys.path, and the tests import it
+as ``host_reference``.
+
 Global view: every function takes the inputs of all R ranks stacked on a
 leading axis (rank r's shard is ``a[r]``) and returns every rank's results
 stacked the same way. A test in which the processes cannot run an XLA

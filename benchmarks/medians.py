@@ -1,4 +1,4 @@
-"""python -m jax_ep.bench.medians FILE.json [FILE.json ...] [--out SUMMARY.json]
+"""python -m benchmarks.medians FILE.json [FILE.json ...] [--out SUMMARY.json]
 
 The median over several bench runs (the JSONs of python -m jax_ep.bench) of
 each (op, system) row's time: the published numbers and the targets are
@@ -12,9 +12,9 @@ below noise (``below_noise``, or a time that is not positive, as files written
 before that rule hold), is left out of that run's times and counted.
 
 Runs of ``--mode ht --sm_sweep N,...`` carry the jax_ep ops' times at each SM
-budget (``meta.sm_sweep``, ht._point): the summary's ``sm_sweep`` holds their
-medians by the same rules, one entry per budget (the runs must have swept the
-same budgets), printed after the rows.
+budget (``meta.sm_sweep``, jax_ep/bench/ht.py's _point): the summary's
+``sm_sweep`` holds their medians by the same rules, one entry per budget (the
+runs must have swept the same budgets), printed after the rows.
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ def _stats(us: Sequence[float]) -> dict:
 
 def point_times(point: Mapping) -> dict[str, tuple[float | None, str]]:
   """{key: (us, "") or (None, "failed" | "below noise")} of one ``meta.sm_sweep``
-  point, keys "<op> <system>" as ht._point writes them.
+  point, keys "<op> <system>" as jax_ep/bench/ht.py's _point writes them.
 
   The rules of the rows: a key with an error, or without a time and not said to be
   below noise, failed; one said to be below noise, or whose time is not positive,
-  is below noise. Points of files written before ht._point's form hold the times
+  is below noise. Points of files written before _point's form hold the times
   beside ``num_sms`` (None where there was none: counted as failed)."""
   if isinstance(point.get("us"), Mapping):
     times = point["us"]
@@ -223,7 +223,7 @@ def main(argv: Sequence[str]) -> int:
   try:
     summary = load(args.files)
   except ValueError as e:
-    print(f"jax_ep.bench.medians: {e}", file=sys.stderr)
+    print(f"benchmarks.medians: {e}", file=sys.stderr)
     return 2
   print(format_summary(summary))
   if args.out:

@@ -1,12 +1,17 @@
 """In-kernel profiles of the CUDA kernels (JAX_EP_PROFILE=1), read around a timing.
 
-The counters (cuda/ep_types.h DeviceProfile) are reset after the warm-up and
-read after the timed executions, so they cover exactly the timed calls.
+With JAX_EP_PROFILE=1, python -m benchmarks.probe runs the bench with
+KernelProfileProbe. The counters (cuda/ep_types.h DeviceProfile; the runtime keeps
+them only when the variable is set before jax_ep.initialize) are reset after the
+warm-up and read after the timed executions, so they cover exactly the timed
+calls (``meta.kernel_profile``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -16,12 +21,14 @@ ENV = "JAX_EP_PROFILE"
 
 
 def _cuda():
-  cuda = jax_ep.runtime_state().cuda
+  state = jax_ep.runtime_state()
+  cuda = state.cuda if state is not None else None
   return cuda if cuda is not None and os.environ.get(ENV) == "1" else None
 
 
 def enabled() -> bool:
-  """Whether the CUDA kernels run and JAX_EP_PROFILE=1 asks for their profile."""
+  """Whether the CUDA kernels run (jax_ep initialized on them) and JAX_EP_PROFILE=1
+  asks for their profile."""
   return _cuda() is not None
 
 
@@ -79,3 +86,24 @@ def timeline(trace: list[list[int]]) -> dict[str, float]:
     for name, ns in zip(names, values):
       steps.setdefault(name, []).append(ns / 1e3)
   return {name: float(np.median(v)) for name, v in steps.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelProfileProbe:
+  """jax_ep.bench.measure.Probe: the in-kernel profile of the timed calls of each
+  system that runs jax_ep's kernels; none where the CUDA kernels do not run."""
+
+  key: str = "kernel_profile"
+  title: str = "in-kernel profile (us per call)"
+  kernels_only: bool = True
+
+  def after_warmup(self) -> None:
+    if enabled():
+      reset()
+
+  def after_timing(self, run_once: Callable[[], None], num_calls: int) -> dict | None:
+    del run_once, num_calls  # the counters of the timed calls, nothing run again
+    return read() if enabled() else None
+
+  def format(self, result: dict) -> str:
+    return format_profile(result)

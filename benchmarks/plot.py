@@ -1,4 +1,4 @@
-"""python -m jax_ep.bench.plot FILE.json [FILE.json ...] --out PNG
+"""python -m benchmarks.plot FILE.json [FILE.json ...] --out PNG
 
 A horizontal bar chart of each op's time, one bar per (op, system), each drawn
 over its reference from the same runs:
@@ -10,10 +10,10 @@ over its reference from the same runs:
     all_to_all BF16 / FP8" rows), for the ops that move rows.
 
 The label of each bar gives its time and its ratio to the reference. A row
-without a time says why (failed, below noise) instead of a bar. Given several
-files of one mode, commit and settings, the times are their medians
-(medians.summarize, which refuses a mix). ``python -m jax_ep.bench --plot PATH``
-draws the same chart of its own run.
+without a time says why (failed, below noise) instead of a bar. FILE.json: the
+JSONs of python -m jax_ep.bench --mode ll or ht (which prints this command after
+writing one); given several files of one mode, commit and settings, the times are
+their medians (medians.summarize, which refuses a mix).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import json
 import sys
 from typing import Iterable, Mapping, Sequence
 
-from jax_ep.bench import floors, medians
+from benchmarks import medians
+from jax_ep.bench import floors
 
 BARE_SYSTEM = "jax.lax.all_to_all"
 BARE_OP = "bare all_to_all"
@@ -165,18 +166,6 @@ def title_of(mode: str | None, num_ranks: int, machine: str, commit: str, runs: 
           f"each op's time against {against} (grey)")
 
 
-def plot_run(payload: Mapping, path: str) -> None:
-  """The chart of one bench run (the payload python -m jax_ep.bench writes as JSON,
-  its rows still Row objects or already dicts)."""
-  rows = [r.to_json() if hasattr(r, "to_json") else r for r in payload["rows"]]
-  machine = payload.get("machine", {})
-  num_ranks = int(payload["meta"]["num_ranks"])
-  draw(bars_of_rows(rows), num_ranks,
-       title_of(payload.get("mode"), num_ranks,
-                f"{machine.get('device_count')}x {machine.get('device_kind')}",
-                medians.commit_label(payload), 1), path)
-
-
 def plot_files(paths: Sequence[str], path: str) -> dict:
   """The chart of the medians over the bench JSONs at ``paths`` (one mode, commit
   and settings); returns the summary. Raises ValueError as medians.summarize."""
@@ -198,9 +187,9 @@ def main(argv: Sequence[str]) -> int:
   try:
     summary = plot_files(args.files, args.out)
   except ValueError as e:
-    print(f"jax_ep.bench.plot: {e}", file=sys.stderr)
+    print(f"benchmarks.plot: {e}", file=sys.stderr)
     return 2
-  print(f"jax_ep.bench.plot: {args.out} ({len(summary['files'])} runs)")
+  print(f"benchmarks.plot: {args.out} ({len(summary['files'])} runs)")
   return 0
 
 

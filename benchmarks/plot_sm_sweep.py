@@ -1,9 +1,9 @@
-"""python -m jax_ep.bench.plot_sm_sweep FILE.json [--ceilings JSON] --out PNG [--targets]
+"""python -m benchmarks.plot_sm_sweep FILE.json [--ceilings JSON] --out PNG [--targets]
 
 The jax_ep HT ops' time against their SM budget (EpConfig.num_sms), from the
 ``sm_sweep`` of python -m jax_ep.bench --mode ht --sm_sweep N,...:
 
-  * FILE.json: the medians of several runs (python -m jax_ep.bench.medians
+  * FILE.json: the medians of several runs (python -m benchmarks.medians
     --out, its ``sm_sweep``: median markers, min-max error bars), or one bench
     run's JSON (its ``meta.sm_sweep``: that run's times);
   * --ceilings: the per-SM copy ceiling of each op, dashed: the fastest of the
@@ -24,7 +24,7 @@ import json
 import sys
 from typing import Mapping, Sequence
 
-from jax_ep.bench import medians
+from benchmarks import medians
 
 SYSTEM = "jax_ep"
 # The sm_bandwidth.cu designs that copy the rows (loads and stores of one SM).
@@ -291,7 +291,7 @@ def plot_file(path: str, out: str, ceilings_path: str | None = None,
 
 def main(argv: Sequence[str]) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("file", help="a medians JSON (jax_ep.bench.medians --out) or one "
+  parser.add_argument("file", help="a medians JSON (benchmarks.medians --out) or one "
                       "bench JSON, of --mode ht --sm_sweep")
   parser.add_argument("--ceilings", help="an sm_bandwidth.cu JSON: draw the per-SM copy "
                       "ceilings")
@@ -301,9 +301,9 @@ def main(argv: Sequence[str]) -> int:
   try:
     points = plot_file(args.file, args.out, args.ceilings, args.targets)
   except ValueError as e:
-    print(f"jax_ep.bench.plot_sm_sweep: {e}", file=sys.stderr)
+    print(f"benchmarks.plot_sm_sweep: {e}", file=sys.stderr)
     return 2
-  print(f"jax_ep.bench.plot_sm_sweep: {args.out} ({len(points)} points)")
+  print(f"benchmarks.plot_sm_sweep: {args.out} ({len(points)} points)")
   return 0
 
 

@@ -1,8 +1,9 @@
 """Where a timed loop's time goes: its device and host timeline (JAX_EP_TIMELINE=1).
 
-The slope (timing.py) says how long a call takes, not where the time goes. With
-JAX_EP_TIMELINE=1 every bench row runs its long executable once more under
-JAX's profiler (CUPTI on GPUs) and keeps a summary of that one execution:
+The slope (jax_ep/bench/timing.py) says how long a call takes, not where the
+time goes. With JAX_EP_TIMELINE=1, python -m benchmarks.probe runs the bench with
+TimelineProbe: every row runs its long executable once more under JAX's profiler
+(CUPTI on GPUs) and keeps a summary of that one execution (``meta.timeline``):
 
   * device: per kernel name (XLA's instance numbers dropped), its count and
     median duration; the busy time (the union of all kernel intervals) and the
@@ -19,6 +20,7 @@ explains a row; it does not replace its slope.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -134,3 +136,21 @@ def format_summary(summary: dict) -> str:
   return (f"{summary['kernels_per_call']:.1f} kernels/call, busy "
           f"{summary['busy_us_per_call']:.2f} us, idle {summary['idle_us_per_call']:.2f} us, "
           f"span {summary['span_us_per_call']:.2f} us per call; {kernels}; host: {host}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TimelineProbe:
+  """jax_ep.bench.measure.Probe: every system's timeline (record), after its timing."""
+
+  key: str = "timeline"
+  title: str = "timeline (per call)"
+  kernels_only: bool = False
+
+  def after_warmup(self) -> None:
+    """Nothing to reset: the timeline is of an execution of its own."""
+
+  def after_timing(self, run_once: Callable[[], None], num_calls: int) -> dict:
+    return record(run_once, num_calls)
+
+  def format(self, result: dict) -> str:
+    return format_summary(result)
