@@ -1,11 +1,13 @@
 """The CUDA backend: jax_ep's kernels as XLA FFI custom calls.
 
-Implements the backend interface of backends/xla.py. Row layouts and handles
-are the same, so a call the kernels cannot run takes the portable
+Implements the backend interface (backends/base.py) by composing the portable
+backend (backends/xla.py): row layouts and handles are the same, so a call
+the kernels cannot run (cuda_checks.py says why) takes the portable
 implementation instead (on the GPU, through XLA collectives, several times
-slower): ``EpConfig.fallback`` decides whether that is announced once per (op,
-reason) ("warn", the default), refused at trace time ("error") or silent
-("allow"); see ``portable_fallback``. Every custom call is marked
+slower). CudaBackend._kernel_or_portable is the one place that picks the
+path; ``EpConfig.fallback`` decides whether the portable one is announced
+once per (op, reason) ("warn", the default), refused at trace time ("error")
+or silent ("allow"); see ``portable_fallback``. Every custom call is marked
 side-effecting (all ranks must issue them in the same order), carries the
 traced config as one struct attribute (``config``), and its results vary over
 the EP axis like its inputs.
@@ -14,7 +16,7 @@ the EP axis like its inputs.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -24,16 +26,21 @@ from absl import logging
 from jax_ep import fp8 as fp8_lib
 from jax_ep import _extension
 from jax_ep._vma import match_vma, result_type
+from jax_ep.backends.base import Backend
+from jax_ep.backends.cuda_checks import (WhyNot, cotangent_unsupported,
+                                         ht_combine_rows_unsupported, ht_payload_unsupported,
+                                         ht_unsupported, ll_combine_rows_unsupported,
+                                         ll_unsupported, require_low_latency)
+from jax_ep.backends.cuda_checks import ll_routing_fits  # noqa: F401 (named here in docs, tests)
 from jax_ep.backends.xla import XlaBackend
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError
-from jax_ep.types import (DispatchHandle, DispatchResult, ExpertMajorHandle,
+from jax_ep.types import (DispatchHandle, DispatchResult, ExpertMajorHandle, Layout,
                           LowLatencyDispatchResult, LowLatencyHandle, LowLatencySent)
 
 I32 = jnp.int32
 F32 = jnp.float32
-
-HT_ROW_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)  # float32 rows travel in two passes
+T = TypeVar("T")
 
 
 def config_attr(config: EpConfig, num_ranks: int) -> dict:
@@ -86,104 +93,11 @@ def portable_fallback(op: str, config: EpConfig, reason: str, fix: str) -> None:
                     "error, fallback='allow' silences it.", message)
 
 
-def ht_unsupported(config: EpConfig, num_ranks: int) -> tuple[str, str] | None:
-  """(reason, fix) when the HT kernels cannot serve this config at all, else None."""
-  if not config.enable_high_throughput:
-    return ("EpConfig(enable_high_throughput=False): no high-throughput buffers were allocated",
-            "set enable_high_throughput=True (the HT kernels need every EP peer on NVLink)")
-  limits = _extension.limits()
-  if num_ranks > limits.ht_max_ranks:
-    return (f"{num_ranks} EP ranks; the HT kernels serve one NVLink domain of at most "
-            f"{limits.ht_max_ranks} ranks", f"use at most {limits.ht_max_ranks} ranks on the EP "
-            "axis")
-  if config.num_topk > limits.max_topk:
-    return (f"num_topk={config.num_topk} > {limits.max_topk}",
-            f"use num_topk <= {limits.max_topk}")
-  if config.experts_per_rank(num_ranks) > limits.ht_max_experts_per_rank:
-    return (f"{config.experts_per_rank(num_ranks)} experts per rank > "
-            f"{limits.ht_max_experts_per_rank}",
-            f"use at most {limits.ht_max_experts_per_rank} experts per rank (more EP ranks, or "
-            "fewer experts)")
-  if config.hidden % 8:
-    return (f"hidden={config.hidden} is not a multiple of 8 (16-byte rows)",
-            "pad hidden to a multiple of 8")
-  return None
-
-
-def ht_payload_unsupported(payloads, config: EpConfig) -> tuple[str, str] | None:
-  """(reason, fix) when the HT dispatch kernel cannot move these rows, else None."""
-  num_tokens = payloads[0].shape[0]
-  max_tokens = _extension.limits().ht_max_tokens
-  if num_tokens > max_tokens:
-    return (f"{num_tokens} tokens per rank > {max_tokens} (the kernel's send plan lives in "
-            "shared memory)", f"dispatch at most {max_tokens} tokens per call")
-  if len(payloads) == 2:
-    if config.hidden % 16:
-      return (f"FP8 rows of hidden={config.hidden} are not 16-byte multiples",
-              "pad hidden to a multiple of 16")
-    return None
-  if not any(payloads[0].dtype == jnp.dtype(d) for d in HT_ROW_DTYPES):
-    return (f"rows of dtype {payloads[0].dtype}", "dispatch bfloat16, float16, float32 or FP8 "
-            "rows")
-  return None
-
-
-def ll_unsupported(x_dtype, num_tokens: int, config: EpConfig, num_ranks: int,
-                   dispatch: bool = False) -> tuple[str, str] | None:
-  """(reason, fix) when the LL kernels cannot run this call, else None; the
-  routing table limit binds only the dispatch (`dispatch`)."""
-  if x_dtype != jnp.bfloat16:
-    return (f"rows of dtype {jnp.dtype(x_dtype)}; the LL kernels move bfloat16 rows",
-            "cast to bfloat16 (use_fp8=True sends FP8)")
-  limits = _extension.limits()
-  if num_ranks > limits.ll_max_ranks:
-    return (f"{num_ranks} EP ranks > {limits.ll_max_ranks}",
-            f"use at most {limits.ll_max_ranks} EP ranks")
-  if config.num_topk > limits.max_topk:
-    return (f"num_topk={config.num_topk} > {limits.max_topk}",
-            f"use num_topk <= {limits.max_topk}")
-  if config.hidden % 8:
-    return (f"hidden={config.hidden} is not a multiple of 8 (16-byte rows)",
-            "pad hidden to a multiple of 8")
-  if dispatch and not ll_routing_fits(num_tokens, config):
-    return (f"{num_tokens} tokens x top-{config.num_topk} with {config.num_experts} experts "
-            f"exceed the dispatch kernel's {limits.ll_max_dynamic_smem_bytes // 1024} KB routing "
-            "table",
-            "send fewer tokens per low-latency call, or use jax_ep.dispatch (high throughput)")
-  return None
-
-
-def ll_kernel_ranks(op: str, config: EpConfig,
-                    unsupported: Callable[[int], tuple[str, str] | None],
-                    announce_as: str | None = None) -> int | None:
-  """The EP size (inside shard_map) when the LL kernels take ``op``, that is when
-  ``unsupported(num_ranks)`` is None; else None, after announcing the portable
-  path (as ``announce_as``, default ``op``). Raises when the config allocated no
-  LL buffers."""
+def _ll_ranks(op: str, config: EpConfig) -> int:
+  """The EP size (inside shard_map) of LL op ``op``; raises first when the
+  config allocated no LL buffers, whichever path the call would take."""
   require_low_latency(config, op)
-  num_ranks = jax.lax.axis_size(config.axis_name)
-  why = unsupported(num_ranks)
-  if why is not None:
-    portable_fallback(announce_as or op, config, *why)
-    return None
-  return num_ranks
-
-
-def require_low_latency(config: EpConfig, op: str) -> None:
-  """The LL ops run on the LL buffers: none exist with enable_low_latency=False."""
-  if not config.enable_low_latency:
-    raise EpConfigError(
-        f"jax_ep.{op}: EpConfig(enable_low_latency=False) allocated no low-latency buffers on "
-        "the CUDA backend; set enable_low_latency=True (and call jax_ep.initialize again) to use "
-        "the low-latency ops")
-
-
-def ll_routing_fits(num_tokens: int, config: EpConfig) -> bool:
-  """Whether the LL dispatch kernel can hold this call's routing in shared memory:
-  every token's top-k and two expert histograms, 4 bytes each
-  (cuda/ll_kernels.cu DispatchSendSmem)."""
-  entries = num_tokens * config.num_topk + 2 * config.num_experts
-  return 4 * entries <= _extension.limits().ll_max_dynamic_smem_bytes
+  return jax.lax.axis_size(config.axis_name)
 
 
 def cached_routing(send_row: jax.Array, config: EpConfig) -> jax.Array:
@@ -222,47 +136,66 @@ def _pad_scale_words(scales: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(padded, scales.dtype)
 
 
-def _cotangent_unsupported(payload: jax.Array, num_tokens: int, config: EpConfig,
-                           num_ranks: int) -> tuple[str, str] | None:
-  """(reason, fix) when a combine's backward cannot run its cotangent rows
-  [T_local, H] on the dispatch kernel, else None."""
-  if payload.ndim != 2 or payload.shape != (num_tokens, config.hidden):
-    return (f"cotangent rows of shape {payload.shape}", f"rows of [{num_tokens}, "
-            f"{config.hidden}]")
-  return ht_unsupported(config, num_ranks) or ht_payload_unsupported((payload,), config)
+class CudaBackend:
+  """The kernels where they apply; the portable backend, announced, elsewhere.
 
-
-def _combine_rows_unsupported(rows: jax.Array, config: EpConfig, num_ranks: int,
-                              rows_name: str) -> tuple[str, str] | None:
-  """(reason, fix) when the combine kernels cannot take these [rows_name, W] rows."""
-  why = ht_unsupported(config, num_ranks)
-  if why is None and (rows.ndim != 2
-                      or not any(rows.dtype == jnp.dtype(d) for d in HT_ROW_DTYPES)):
-    why = (f"rows of dtype {rows.dtype} and shape {rows.shape}", "combine bfloat16, float16 "
-           f"or float32 [{rows_name}, W] rows")
-  return why
-
-
-class CudaBackend(XlaBackend):
-  """The kernels where they apply; the portable path, announced, elsewhere."""
+  Composes a portable backend (``portable``, XlaBackend unless given) rather
+  than extending it: the kernels produce and read the same rows and handles,
+  so each call can take either path. Every op with a kernel goes through
+  ``_kernel_or_portable``, the one place that picks the path and announces the
+  portable one; ``layout`` has no kernel and is the portable backend's.
+  """
 
   name = "cuda"
 
-  # ---------------------------------------------------------------- HT
-  def ht_dispatch(self, payloads, topk_idx, topk_weights, config: EpConfig,
-                  capacity: int) -> DispatchResult:
-    num_ranks = jax.lax.axis_size(config.axis_name)
-    why = ht_unsupported(config, num_ranks) or ht_payload_unsupported(payloads, config)
-    if why is not None:
-      portable_fallback("dispatch", config, *why)
-      return super().ht_dispatch(payloads, topk_idx, topk_weights, config, capacity)
-    if config.debug_checks:
-      self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index
-    return self._ht_dispatch_kernel(payloads, topk_idx, topk_weights, config, capacity,
-                                    num_ranks)
+  def __init__(self, portable: Backend | None = None) -> None:
+    self.portable: Backend = portable if portable is not None else XlaBackend()
 
-  def _ht_dispatch_kernel(self, payloads, topk_idx, topk_weights, config: EpConfig,
-                          capacity: int, num_ranks: int) -> DispatchResult:
+  def _kernel_or_portable(self, op: str, config: EpConfig, why_not: WhyNot,
+                          kernel: Callable[[], T], portable: Callable[[], T], *,
+                          announce: bool = True) -> T:
+    """``kernel()`` when ``why_not`` is None, else ``portable()`` (at trace time).
+
+    ``why_not``: (reason, fix), why the kernels cannot run this call of ``op``
+    (cuda_checks.py). The portable path is announced through portable_fallback
+    (per ``config.fallback``: a warning once per (op, reason), an error, or
+    nothing), except with ``announce=False``: where it was announced already
+    (the recv half of a split op, after its send) or is announced by the op
+    that takes the result (ht_slot_values, before the combine).
+    """
+    if why_not is None:
+      return kernel()
+    if announce:
+      portable_fallback(op, config, *why_not)
+    return portable()
+
+  # ---------------------------------------------------------------- layout
+  def layout(self, topk_idx: jax.Array, config: EpConfig) -> Layout:
+    """No kernel (XLA's fused jnp layout measured faster, docs/design.md): the
+    portable backend's counts of topk_idx int32[T_local, K]."""
+    return self.portable.layout(topk_idx, config)
+
+  # ---------------------------------------------------------------- HT
+  def ht_dispatch(self, payloads: tuple[jax.Array, ...], topk_idx: jax.Array,
+                  topk_weights: jax.Array, config: EpConfig, capacity: int) -> DispatchResult:
+    """payloads (x [T_local, H],) or (x_fp8, scales), topk_idx int32[T_local, K],
+    topk_weights f32[T_local, K] -> C = capacity rows on the dispatch kernel."""
+    num_ranks = jax.lax.axis_size(config.axis_name)
+
+    def kernel() -> DispatchResult:
+      if config.debug_checks:
+        self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index
+      return self._ht_dispatch_kernel(payloads, topk_idx, topk_weights, config, capacity,
+                                      num_ranks)
+
+    return self._kernel_or_portable(
+        "dispatch", config,
+        ht_unsupported(config, num_ranks) or ht_payload_unsupported(payloads, config), kernel,
+        lambda: self.portable.ht_dispatch(payloads, topk_idx, topk_weights, config, capacity))
+
+  def _ht_dispatch_kernel(self, payloads: tuple[jax.Array, ...], topk_idx: jax.Array,
+                          topk_weights: jax.Array, config: EpConfig, capacity: int,
+                          num_ranks: int) -> DispatchResult:
     x = payloads[0]
     num_tokens = x.shape[0]
     scales = payloads[1] if len(payloads) == 2 else jnp.zeros((num_tokens, 0), F32)
@@ -304,31 +237,36 @@ class CudaBackend(XlaBackend):
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
     num_tokens = handle.send_row.shape[0]
-    why = _cotangent_unsupported(payload, num_tokens, config, num_ranks)
-    if why is not None:
-      portable_fallback("combine (backward)", config, *why)
-      return super().ht_dispatch_cached(payload, handle)
-    routing = cached_routing(handle.send_row, config)
-    weights = jnp.zeros((num_tokens, config.num_topk), F32)
-    return self._ht_dispatch_kernel((payload,), routing, weights, config,
-                                    handle.recv_src.shape[0], num_ranks).x
+
+    def kernel() -> jax.Array:
+      routing = cached_routing(handle.send_row, config)
+      weights = jnp.zeros((num_tokens, config.num_topk), F32)
+      return self._ht_dispatch_kernel((payload,), routing, weights, config,
+                                      handle.recv_src.shape[0], num_ranks).x
+
+    return self._kernel_or_portable(
+        "combine (backward)", config,
+        cotangent_unsupported(payload, num_tokens, config, num_ranks), kernel,
+        lambda: self.portable.ht_dispatch_cached(payload, handle))
 
   def ht_combine(self, rows: jax.Array, handle: DispatchHandle) -> jax.Array:
     """[C, W] rows (bf16/f16/f32; hidden rows, or e.g. the weights' [C, K]) back
     to their sources, summed in fp32 in rank order -> [T_local, W]."""
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
-    why = _combine_rows_unsupported(rows, config, num_ranks, "C")
-    if why is not None:
-      portable_fallback("combine", config, *why)
-      return super().ht_combine(rows, handle)
-    width = rows.shape[1]
-    padded = _pad_columns(rows)
-    out = result_type((handle.send_row.shape[0], padded.shape[1]), rows.dtype, rows)
-    summed = _call("ht_combine", out, padded, handle.recv_src, handle.send_row,
-                   handle.num_tokens, capacity=np.int64(rows.shape[0]),
-                   config=config_attr(config, num_ranks))
-    return summed[:, :width] if padded.shape[1] != width else summed
+
+    def kernel() -> jax.Array:
+      width = rows.shape[1]
+      padded = _pad_columns(rows)
+      out = result_type((handle.send_row.shape[0], padded.shape[1]), rows.dtype, rows)
+      summed = _call("ht_combine", out, padded, handle.recv_src, handle.send_row,
+                     handle.num_tokens, capacity=np.int64(rows.shape[0]),
+                     config=config_attr(config, num_ranks))
+      return summed[:, :width] if padded.shape[1] != width else summed
+
+    return self._kernel_or_portable(
+        "combine", config, ht_combine_rows_unsupported(rows, config, num_ranks, "C"), kernel,
+        lambda: self.portable.ht_combine(rows, handle))
 
   # ---------------------------------------------------------------- HT, expert-major
   # The kernels write and read the pair rows themselves (jax_ep/expert_major.py
@@ -338,20 +276,26 @@ class CudaBackend(XlaBackend):
   # combine kernel sums each token's pair rows per rank in float32, in
   # ascending local expert, and those partials in rank order. Same results
   # as the portable path (backends/xla.py), bit for bit.
-  def ht_dispatch_expert_major(self, payloads, topk_idx, topk_weights, config: EpConfig,
-                               num_rows: int, alignment: int) -> DispatchResult:
+  def ht_dispatch_expert_major(self, payloads: tuple[jax.Array, ...], topk_idx: jax.Array,
+                               topk_weights: jax.Array, config: EpConfig, num_rows: int,
+                               alignment: int) -> DispatchResult:
+    """payloads as ht_dispatch's -> M = num_rows pair rows, groups aligned to A."""
     num_ranks = jax.lax.axis_size(config.axis_name)
-    why = ht_unsupported(config, num_ranks) or ht_payload_unsupported(payloads, config)
-    if why is not None:
-      portable_fallback("dispatch", config, *why)
-      return super().ht_dispatch_expert_major(payloads, topk_idx, topk_weights, config,
-                                              num_rows, alignment)
-    if config.debug_checks:
-      self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index
-    return self._ht_dispatch_expert_major_kernel(payloads, topk_idx, topk_weights, config,
-                                                 num_rows, alignment, num_ranks)
 
-  def _ht_dispatch_expert_major_kernel(self, payloads, topk_idx, topk_weights,
+    def kernel() -> DispatchResult:
+      if config.debug_checks:
+        self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index
+      return self._ht_dispatch_expert_major_kernel(payloads, topk_idx, topk_weights, config,
+                                                   num_rows, alignment, num_ranks)
+
+    return self._kernel_or_portable(
+        "dispatch", config,
+        ht_unsupported(config, num_ranks) or ht_payload_unsupported(payloads, config), kernel,
+        lambda: self.portable.ht_dispatch_expert_major(payloads, topk_idx, topk_weights,
+                                                       config, num_rows, alignment))
+
+  def _ht_dispatch_expert_major_kernel(self, payloads: tuple[jax.Array, ...],
+                                       topk_idx: jax.Array, topk_weights: jax.Array,
                                        config: EpConfig, num_rows: int, alignment: int,
                                        num_ranks: int) -> DispatchResult:
     x = payloads[0]
@@ -402,32 +346,37 @@ class CudaBackend(XlaBackend):
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
     num_tokens = handle.topk_idx.shape[0]
-    why = _cotangent_unsupported(payload, num_tokens, config, num_ranks)
-    if why is not None:
-      portable_fallback("combine (backward)", config, *why)
-      return super().ht_dispatch_cached_expert_major(payload, handle)
-    weights = jnp.zeros((num_tokens, config.num_topk), F32)
-    return self._ht_dispatch_expert_major_kernel(
-        (payload,), handle.topk_idx, weights, config, handle.pair_src.shape[0],
-        handle.alignment, num_ranks).x
+
+    def kernel() -> jax.Array:
+      weights = jnp.zeros((num_tokens, config.num_topk), F32)
+      return self._ht_dispatch_expert_major_kernel(
+          (payload,), handle.topk_idx, weights, config, handle.pair_src.shape[0],
+          handle.alignment, num_ranks).x
+
+    return self._kernel_or_portable(
+        "combine (backward)", config,
+        cotangent_unsupported(payload, num_tokens, config, num_ranks), kernel,
+        lambda: self.portable.ht_dispatch_cached_expert_major(payload, handle))
 
   def ht_combine_expert_major(self, rows: jax.Array, handle: ExpertMajorHandle) -> jax.Array:
     """[M, W] pair rows (bf16/f16/f32; hidden rows, or any width) -> [T_local, W]."""
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
-    why = _combine_rows_unsupported(rows, config, num_ranks, "M")
-    if why is not None:
-      portable_fallback("combine", config, *why)
-      return super().ht_combine_expert_major(rows, handle)
-    token_major = handle.token_major
-    width = rows.shape[1]
-    padded = _pad_columns(rows)
-    out = result_type((token_major.send_row.shape[0], padded.shape[1]), rows.dtype, rows)
-    summed = _call("ht_combine_expert_major", out, padded, handle.rows_by_expert,
-                   token_major.recv_src, token_major.send_row, token_major.num_tokens,
-                   capacity=np.int64(token_major.recv_src.shape[0]),
-                   config=config_attr(config, num_ranks))
-    return summed[:, :width] if padded.shape[1] != width else summed
+
+    def kernel() -> jax.Array:
+      token_major = handle.token_major
+      width = rows.shape[1]
+      padded = _pad_columns(rows)
+      out = result_type((token_major.send_row.shape[0], padded.shape[1]), rows.dtype, rows)
+      summed = _call("ht_combine_expert_major", out, padded, handle.rows_by_expert,
+                     token_major.recv_src, token_major.send_row, token_major.num_tokens,
+                     capacity=np.int64(token_major.recv_src.shape[0]),
+                     config=config_attr(config, num_ranks))
+      return summed[:, :width] if padded.shape[1] != width else summed
+
+    return self._kernel_or_portable(
+        "combine", config, ht_combine_rows_unsupported(rows, config, num_ranks, "M"), kernel,
+        lambda: self.portable.ht_combine_expert_major(rows, handle))
 
   def ht_slot_values(self, values: jax.Array, handle: ExpertMajorHandle) -> jax.Array:
     """float32[M] -> float32[R*T, K] on a local kernel (no peer). Where the HT
@@ -435,100 +384,96 @@ class CudaBackend(XlaBackend):
     the combine that takes its result announces the portable path)."""
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
-    if ht_unsupported(config, num_ranks) is not None:
-      return super().ht_slot_values(values, handle)
-    out = result_type(handle.slot_row.shape, F32, values)
-    return _call("ht_slot_values", out, values.astype(F32), handle.slot_row,
-                 config=config_attr(config, num_ranks))
+
+    def kernel() -> jax.Array:
+      out = result_type(handle.slot_row.shape, F32, values)
+      return _call("ht_slot_values", out, values.astype(F32), handle.slot_row,
+                   config=config_attr(config, num_ranks))
+
+    return self._kernel_or_portable(
+        "ht_slot_values", config, ht_unsupported(config, num_ranks), kernel,
+        lambda: self.portable.ht_slot_values(values, handle), announce=False)
 
   # ---------------------------------------------------------------- LL
   # The kernels read the rank mask from device memory (cuda_runtime sets it);
   # `live` matters only to the portable path and the handles.
   def ll_dispatch(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig, use_fp8: bool,
                   live: tuple[bool, ...] = ()) -> LowLatencyDispatchResult:
-    num_ranks = ll_kernel_ranks(
+    """x bf16[T_local, H] -> [E_local, R*T_ll, H] rows (FP8 with use_fp8)."""
+    num_ranks = _ll_ranks("low_latency_dispatch", config)
+    return self._kernel_or_portable(
         "low_latency_dispatch", config,
-        lambda ranks: ll_unsupported(x.dtype, x.shape[0], config, ranks, dispatch=True))
-    if num_ranks is None:
-      return super().ll_dispatch(x, topk_idx, config, use_fp8, live)
-    result, _ = self._ll_dispatch_kernel(x, topk_idx, None, config, use_fp8, num_ranks, live)
-    return result
+        ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True),
+        lambda: self._ll_dispatch_kernel(x, topk_idx, None, config, use_fp8, num_ranks,
+                                         live)[0],
+        lambda: self.portable.ll_dispatch(x, topk_idx, config, use_fp8, live))
 
   def ll_dispatch_weighted(self, x: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
                            config: EpConfig,
                            live: tuple[bool, ...] = ()) -> tuple[jax.Array, jax.Array]:
-    """One kernel: each pair's weight travels in its header."""
-    num_ranks = ll_kernel_ranks(
-        "low_latency_combine", config,
-        lambda ranks: ll_unsupported(x.dtype, x.shape[0], config, ranks, dispatch=True),
-        announce_as="low_latency_combine (backward)")
-    if num_ranks is None:
-      return super().ll_dispatch_weighted(x, topk_idx, topk_weights, config, live)
-    result, row_weights = self._ll_dispatch_kernel(x, topk_idx, topk_weights.astype(F32), config,
-                                                   False, num_ranks, live)
-    return result.x, row_weights
+    """One kernel: each pair's weight travels in its header. The LL combine's
+    backward: (rows [E_local, R*T_ll, H], row_weights f32[E_local, R*T_ll])."""
+    num_ranks = _ll_ranks("low_latency_combine", config)
+
+    def kernel() -> tuple[jax.Array, jax.Array]:
+      result, row_weights = self._ll_dispatch_kernel(x, topk_idx, topk_weights.astype(F32),
+                                                     config, False, num_ranks, live)
+      return result.x, row_weights
+
+    return self._kernel_or_portable(
+        "low_latency_combine (backward)", config,
+        ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True), kernel,
+        lambda: self.portable.ll_dispatch_weighted(x, topk_idx, topk_weights, config, live))
 
   def ll_dispatch_with_weights(self, x: jax.Array, topk_idx: jax.Array,
                                topk_weights: jax.Array, config: EpConfig, use_fp8: bool,
                                live: tuple[bool, ...] = ()) -> LowLatencyDispatchResult:
     """One kernel: each pair's weight travels in its header (as for the LL
     combine's backward)."""
-    num_ranks = ll_kernel_ranks(
+    num_ranks = _ll_ranks("low_latency_dispatch", config)
+
+    def kernel() -> LowLatencyDispatchResult:
+      result, row_weights = self._ll_dispatch_kernel(x, topk_idx, topk_weights.astype(F32),
+                                                     config, use_fp8, num_ranks, live)
+      return dataclasses.replace(
+          result, weights=row_weights,
+          handle=dataclasses.replace(result.handle, row_weights=row_weights))
+
+    return self._kernel_or_portable(
         "low_latency_dispatch", config,
-        lambda ranks: ll_unsupported(x.dtype, x.shape[0], config, ranks, dispatch=True))
-    if num_ranks is None:
-      return super().ll_dispatch_with_weights(x, topk_idx, topk_weights, config, use_fp8, live)
-    result, row_weights = self._ll_dispatch_kernel(x, topk_idx, topk_weights.astype(F32),
-                                                   config, use_fp8, num_ranks, live)
-    return dataclasses.replace(
-        result, weights=row_weights,
-        handle=dataclasses.replace(result.handle, row_weights=row_weights))
+        ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True), kernel,
+        lambda: self.portable.ll_dispatch_with_weights(x, topk_idx, topk_weights, config,
+                                                       use_fp8, live))
 
   def ll_combine_presummed(self, rows: jax.Array, topk_idx: jax.Array,
                            handle: LowLatencyHandle) -> jax.Array:
     """One kernel (cuda/ll_presummed_kernels.cu): each rank returns one row per
     (token, rank), its rows' weights applied on the expert side."""
     config = handle.config
-    num_ranks = ll_kernel_ranks(
+    num_ranks = _ll_ranks("low_latency_combine", config)
+
+    def kernel() -> jax.Array:
+      experts_per_rank = config.experts_per_rank(num_ranks)
+      out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, topk_idx)
+      no_pair_values = result_type((topk_idx.shape[0], 0), F32, topk_idx)
+      result, _ = _call("ll_combine", (out, no_pair_values), rows,
+                        jnp.zeros((experts_per_rank, 0), F32), handle.row_weights.astype(F32),
+                        handle.recv_src, handle.count, topk_idx,
+                        jnp.zeros((topk_idx.shape[0], 0), F32),
+                        config=config_attr(config, num_ranks))
+      return result
+
+    return self._kernel_or_portable(
         "low_latency_combine", config,
-        lambda ranks: self._combine_rows_unsupported(rows, handle.num_tokens, config, ranks))
-    if num_ranks is None:
-      return super().ll_combine_presummed(rows, topk_idx, handle)
-    experts_per_rank = config.experts_per_rank(num_ranks)
-    out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, topk_idx)
-    no_pair_values = result_type((topk_idx.shape[0], 0), F32, topk_idx)
-    result, _ = _call("ll_combine", (out, no_pair_values), rows,
-                      jnp.zeros((experts_per_rank, 0), F32), handle.row_weights.astype(F32),
-                      handle.recv_src, handle.count, topk_idx,
-                      jnp.zeros((topk_idx.shape[0], 0), F32),
-                      config=config_attr(config, num_ranks))
-    return result
+        ll_combine_rows_unsupported(rows, handle.num_tokens, config, num_ranks), kernel,
+        lambda: self.portable.ll_combine_presummed(rows, topk_idx, handle))
 
-  def ll_combine_presummed_send(self, rows: jax.Array,
-                                handle: LowLatencyHandle) -> LowLatencySent:
-    return self._ll_combine_send(rows, handle, presummed=True)
-
-  def ll_combine_presummed_recv(self, sent: LowLatencySent, topk_idx: jax.Array,
-                                handle: LowLatencyHandle) -> jax.Array:
-    if sent.path == "portable":
-      return super().ll_combine_presummed_recv(sent, topk_idx, handle)
-    config = handle.config
-    num_ranks = jax.lax.axis_size(config.axis_name)
-    out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, topk_idx)
-    return _call("ll_combine_recv", out, sent.payload, topk_idx,
-                 jnp.zeros((topk_idx.shape[0], 0), F32), config=config_attr(config, num_ranks))
-
-  @staticmethod
-  def _combine_rows_unsupported(rows: jax.Array, num_tokens: int, config: EpConfig,
-                                num_ranks: int) -> tuple[str, str] | None:
-    """(reason, fix) when the LL combine kernels cannot take these rows, else None."""
-    why = ll_unsupported(rows.dtype, num_tokens, config, num_ranks)
-    if why is None and rows.ndim != 3:
-      why = (f"rows of shape {rows.shape}", "combine [E_local, R*T_ll, H] rows")
-    return why
-
-  def _ll_dispatch_kernel(self, x, topk_idx, topk_weights, config: EpConfig, use_fp8: bool,
-                          num_ranks: int, live: tuple[bool, ...]):
+  def _ll_dispatch_kernel(self, x: jax.Array, topk_idx: jax.Array,
+                          topk_weights: jax.Array | None, config: EpConfig, use_fp8: bool,
+                          num_ranks: int, live: tuple[bool, ...]
+                          ) -> tuple[LowLatencyDispatchResult, jax.Array | None]:
+    """The dispatch kernel; with topk_weights f32[T_local, K], also each row's
+    weight f32[E_local, R*T_ll] (else None)."""
     if config.debug_checks:
       self.layout(topk_idx, config)  # side effect: fails on every rank on a bad index
     experts_per_rank = config.experts_per_rank(num_ranks)
@@ -547,7 +492,9 @@ class CudaBackend(XlaBackend):
                                       num_invalid=num_invalid, handle=handle)
     return result, row_weights if with_weights else None
 
-  def _recv_results(self, config: EpConfig, num_ranks: int, use_fp8: bool, like: jax.Array):
+  def _recv_results(self, config: EpConfig, num_ranks: int, use_fp8: bool,
+                    like: jax.Array) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """The received rows, scales, count and recv_src of an LL dispatch kernel."""
     experts_per_rank = config.experts_per_rank(num_ranks)
     rows = num_ranks * config.ll_max_tokens
     x_dtype = fp8_lib.FP8_DTYPE if use_fp8 else jnp.bfloat16
@@ -559,32 +506,34 @@ class CudaBackend(XlaBackend):
 
   def ll_combine(self, rows: jax.Array, topk_idx: jax.Array, topk_weights: jax.Array,
                  handle: LowLatencyHandle) -> jax.Array:
+    """[E_local, R*T_ll, H] bf16 rows -> [T_local, H] = sum_k w * row, fp32."""
     config = handle.config
-    num_ranks = ll_kernel_ranks(
+    num_ranks = _ll_ranks("low_latency_combine", config)
+    return self._kernel_or_portable(
         "low_latency_combine", config,
-        lambda ranks: self._combine_rows_unsupported(rows, topk_idx.shape[0], config, ranks))
-    if num_ranks is None:
-      return super().ll_combine(rows, topk_idx, topk_weights, handle)
-    out, _ = self._ll_combine_kernel(rows, None, topk_idx, topk_weights, handle, num_ranks)
-    return out
+        ll_combine_rows_unsupported(rows, topk_idx.shape[0], config, num_ranks),
+        lambda: self._ll_combine_kernel(rows, None, topk_idx, topk_weights, handle,
+                                        num_ranks)[0],
+        lambda: self.portable.ll_combine(rows, topk_idx, topk_weights, handle))
 
   def ll_rows_to_pairs(self, values: jax.Array, topk_idx: jax.Array,
                        handle: LowLatencyHandle) -> jax.Array:
     """values f32[E_local, R*T_ll] -> f32[T_local, K] on the combine kernel
     (its per-pair values, no rows)."""
     config = handle.config
-    num_ranks = ll_kernel_ranks(
-        "low_latency_combine", config,
-        lambda ranks: ll_unsupported(jnp.bfloat16, topk_idx.shape[0], config, ranks),
-        announce_as="low_latency_combine (backward)")
-    if num_ranks is None:
-      return super().ll_rows_to_pairs(values, topk_idx, handle)
-    _, pair_values = self._ll_combine_kernel(None, values.astype(F32), topk_idx,
-                                             jnp.zeros(topk_idx.shape, F32), handle, num_ranks)
-    return pair_values
+    num_ranks = _ll_ranks("low_latency_combine", config)
+    return self._kernel_or_portable(
+        "low_latency_combine (backward)", config,
+        ll_unsupported(jnp.bfloat16, topk_idx.shape[0], config, num_ranks),
+        lambda: self._ll_combine_kernel(None, values.astype(F32), topk_idx,
+                                        jnp.zeros(topk_idx.shape, F32), handle, num_ranks)[1],
+        lambda: self.portable.ll_rows_to_pairs(values, topk_idx, handle))
 
-  def _ll_combine_kernel(self, rows, row_values, topk_idx, topk_weights,
-                         handle: LowLatencyHandle, num_ranks: int):
+  def _ll_combine_kernel(self, rows: jax.Array | None, row_values: jax.Array | None,
+                         topk_idx: jax.Array, topk_weights: jax.Array,
+                         handle: LowLatencyHandle, num_ranks: int) -> tuple[jax.Array, jax.Array]:
+    """The combine kernel: (rows' sums bf16[T_local, H] (width 0 without rows),
+    per-pair values f32[T_local, K] (width 0 without row_values))."""
     config = handle.config
     experts_per_rank = config.experts_per_rank(num_ranks)
     num_tokens = topk_idx.shape[0]
@@ -603,34 +552,48 @@ class CudaBackend(XlaBackend):
 
   # ---------------------------------------------------------------- LL, split for overlap
   # The kernel path's sends: "kernel", or "kernel_weights" when the pairs carry
-  # topk_weights (the recv then returns the rows' weights too).
-  _KERNEL_PATHS = ("kernel", "kernel_weights")
+  # topk_weights (the recv then returns the rows' weights too). A recv takes
+  # the path its send took (its why-not says so); the send announced it.
+  _KERNEL_PATHS: tuple[str, ...] = ("kernel", "kernel_weights")
+  _SENT_PORTABLE: WhyNot = ("its send half took the portable path", "see the send's reason")
 
   def ll_dispatch_send(self, x: jax.Array, topk_idx: jax.Array, config: EpConfig,
                        use_fp8: bool, live: tuple[bool, ...] = (),
                        topk_weights: jax.Array | None = None) -> LowLatencySent:
     """Starts an LL dispatch; the kernel path hands (num_invalid, ticket) to the
     recv; with topk_weights each pair's weight travels in its header."""
-    num_ranks = ll_kernel_ranks(
+    num_ranks = _ll_ranks("low_latency_dispatch_send", config)
+
+    def kernel() -> LowLatencySent:
+      if config.debug_checks:
+        self.layout(topk_idx, config)
+      with_weights = topk_weights is not None
+      weights_in = (topk_weights.astype(F32) if topk_weights is not None
+                    else jnp.zeros((x.shape[0], 0), F32))
+      sent = _call("ll_dispatch_send", (result_type((), I32, x), result_type((), I32, x)),
+                   x, topk_idx, weights_in, use_fp8=bool(use_fp8),
+                   config=config_attr(config, num_ranks))
+      return LowLatencySent(path=self._KERNEL_PATHS[with_weights], payload=tuple(sent))
+
+    return self._kernel_or_portable(
         "low_latency_dispatch_send", config,
-        lambda ranks: ll_unsupported(x.dtype, x.shape[0], config, ranks, dispatch=True))
-    if num_ranks is None:
-      return super().ll_dispatch_send(x, topk_idx, config, use_fp8, live, topk_weights)
-    if config.debug_checks:
-      self.layout(topk_idx, config)
-    with_weights = topk_weights is not None
-    weights_in = (topk_weights.astype(F32) if with_weights
-                  else jnp.zeros((x.shape[0], 0), F32))
-    sent = _call("ll_dispatch_send", (result_type((), I32, x), result_type((), I32, x)),
-                 x, topk_idx, weights_in, use_fp8=bool(use_fp8),
-                 config=config_attr(config, num_ranks))
-    return LowLatencySent(path=self._KERNEL_PATHS[with_weights], payload=tuple(sent))
+        ll_unsupported(x.dtype, x.shape[0], config, num_ranks, dispatch=True), kernel,
+        lambda: self.portable.ll_dispatch_send(x, topk_idx, config, use_fp8, live,
+                                               topk_weights))
 
   def ll_dispatch_recv(self, sent: LowLatencySent, config: EpConfig, use_fp8: bool,
                        num_tokens: int, live: tuple[bool, ...] = ()) -> LowLatencyDispatchResult:
     """Finishes an LL dispatch on the path its send took."""
-    if sent.path not in self._KERNEL_PATHS:
-      return super().ll_dispatch_recv(sent, config, use_fp8, num_tokens, live)
+    return self._kernel_or_portable(
+        "low_latency_dispatch_recv", config,
+        self._SENT_PORTABLE if sent.path not in self._KERNEL_PATHS else None,
+        lambda: self._ll_dispatch_recv_kernel(sent, config, use_fp8, num_tokens, live),
+        lambda: self.portable.ll_dispatch_recv(sent, config, use_fp8, num_tokens, live),
+        announce=False)
+
+  def _ll_dispatch_recv_kernel(self, sent: LowLatencySent, config: EpConfig, use_fp8: bool,
+                               num_tokens: int,
+                               live: tuple[bool, ...]) -> LowLatencyDispatchResult:
     with_weights = sent.path == "kernel_weights"
     num_invalid, ticket = sent.payload
     num_ranks = jax.lax.axis_size(config.axis_name)
@@ -650,19 +613,31 @@ class CudaBackend(XlaBackend):
 
   def ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle) -> LowLatencySent:
     """Starts an LL combine; the kernel path hands its ticket to the recv."""
-    return self._ll_combine_send(rows, handle, presummed=False)
-
-  def _ll_combine_send(self, rows: jax.Array, handle: LowLatencyHandle,
-                       presummed: bool) -> LowLatencySent:
-    """The send kernel; ``presummed``: with the dispatch's rows' weights
-    (handle.row_weights), one pre-summed row per (token, rank)."""
     config = handle.config
-    num_ranks = ll_kernel_ranks(
+    num_ranks = _ll_ranks("low_latency_combine_send", config)
+    return self._kernel_or_portable(
         "low_latency_combine_send", config,
-        lambda ranks: self._combine_rows_unsupported(rows, handle.num_tokens, config, ranks))
-    if num_ranks is None:
-      portable = super().ll_combine_presummed_send if presummed else super().ll_combine_send
-      return portable(rows, handle)
+        ll_combine_rows_unsupported(rows, handle.num_tokens, config, num_ranks),
+        lambda: self._ll_combine_send_kernel(rows, handle, False, num_ranks),
+        lambda: self.portable.ll_combine_send(rows, handle))
+
+  def ll_combine_presummed_send(self, rows: jax.Array,
+                                handle: LowLatencyHandle) -> LowLatencySent:
+    """Starts a pre-summed LL combine (the dispatch's rows' weights applied here)."""
+    config = handle.config
+    num_ranks = _ll_ranks("low_latency_combine_send", config)
+    return self._kernel_or_portable(
+        "low_latency_combine_send", config,
+        ll_combine_rows_unsupported(rows, handle.num_tokens, config, num_ranks),
+        lambda: self._ll_combine_send_kernel(rows, handle, True, num_ranks),
+        lambda: self.portable.ll_combine_presummed_send(rows, handle))
+
+  def _ll_combine_send_kernel(self, rows: jax.Array, handle: LowLatencyHandle,
+                              presummed: bool, num_ranks: int) -> LowLatencySent:
+    """The send kernel on [E_local, R*T_ll, H] bf16 rows; ``presummed``: with the
+    dispatch's rows' weights (handle.row_weights), one pre-summed row per
+    (token, rank)."""
+    config = handle.config
     row_weights = (handle.row_weights.astype(F32) if presummed
                    else jnp.zeros((config.experts_per_rank(num_ranks), 0), F32))
     ticket = _call("ll_combine_send", result_type((), I32, rows), rows, row_weights,
@@ -672,13 +647,34 @@ class CudaBackend(XlaBackend):
 
   def ll_combine_recv(self, sent: LowLatencySent, topk_idx: jax.Array, topk_weights: jax.Array,
                       handle: LowLatencyHandle) -> jax.Array:
-    if sent.path == "portable":
-      return super().ll_combine_recv(sent, topk_idx, topk_weights, handle)
+    """Finishes an LL combine on the path its send took -> [T_local, H]."""
+    return self._kernel_or_portable(
+        "low_latency_combine_recv", handle.config,
+        self._SENT_PORTABLE if sent.path == "portable" else None,
+        lambda: self._ll_combine_recv_kernel(sent, topk_idx, topk_weights.astype(F32), handle),
+        lambda: self.portable.ll_combine_recv(sent, topk_idx, topk_weights, handle),
+        announce=False)
+
+  def ll_combine_presummed_recv(self, sent: LowLatencySent, topk_idx: jax.Array,
+                                handle: LowLatencyHandle) -> jax.Array:
+    """Finishes a pre-summed LL combine on the path its send took -> [T_local, H]."""
+    return self._kernel_or_portable(
+        "low_latency_combine_recv", handle.config,
+        self._SENT_PORTABLE if sent.path == "portable" else None,
+        lambda: self._ll_combine_recv_kernel(sent, topk_idx,
+                                             jnp.zeros((topk_idx.shape[0], 0), F32), handle),
+        lambda: self.portable.ll_combine_presummed_recv(sent, topk_idx, handle),
+        announce=False)
+
+  def _ll_combine_recv_kernel(self, sent: LowLatencySent, topk_idx: jax.Array,
+                              topk_weights: jax.Array, handle: LowLatencyHandle) -> jax.Array:
+    """The recv kernel; topk_weights f32[T_local, K], or [T_local, 0] when the
+    send pre-summed the rows."""
     config = handle.config
     num_ranks = jax.lax.axis_size(config.axis_name)
     out = result_type((topk_idx.shape[0], config.hidden), jnp.bfloat16, topk_idx)
-    return _call("ll_combine_recv", out, sent.payload, topk_idx,
-                 topk_weights.astype(F32), config=config_attr(config, num_ranks))
+    return _call("ll_combine_recv", out, sent.payload, topk_idx, topk_weights,
+                 config=config_attr(config, num_ranks))
 
 
 def lowering_check_targets() -> tuple[str, ...]:
