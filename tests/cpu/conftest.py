@@ -1,11 +1,8 @@
-"""pytest setup: 8 CPU devices, set before jax is imported anywhere."""
+"""pytest setup: 8 CPU devices and the fast-compile XLA flags (cpu_flags.py), set
+before jax is imported anywhere."""
 
 import os
 import sys
-
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TESTS = os.path.dirname(_HERE)
@@ -13,6 +10,12 @@ _TESTS = os.path.dirname(_HERE)
 # repository root (benchmarks/), under pytest and under Bazel alike (its runner
 # runs these files from the source tree).
 sys.path[:0] = [_HERE, _TESTS, os.path.dirname(_TESTS)]
+
+from cpu_flags import xla_flags  # noqa: E402  (before jax is imported)
+
+os.environ["XLA_FLAGS"] = xla_flags(os.environ.get("XLA_FLAGS", ""),
+                                    "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
 

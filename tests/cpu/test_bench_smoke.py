@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import cpu_flags
 from jax_ep import expert_major
 from jax_ep.bench import floors, layouts, results
 
@@ -20,7 +21,7 @@ TINY = ["--tokens", "16", "--hidden", "256", "--num_experts", "8", "--topk", "2"
 
 def _bench(tmp_path, *flags):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)  # one CPU device per process, as on the GPU machine
+  env["XLA_FLAGS"] = cpu_flags.FAST_COMPILE  # one CPU device per process, as on the GPU machine
   result = subprocess.run(
       [sys.executable, "-m", "jax_ep.launch", "-n", "2", "-m", "jax_ep.bench", *flags, *TINY,
        "--out_dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -166,7 +167,7 @@ def test_bench_in_one_process_on_8_cpu_devices(tmp_path, mode):
   (benchmarks/plot.py), which then writes it. ht also runs --layouts: the layout
   rows and their floors on the 8 ranks' parts."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+             XLA_FLAGS=cpu_flags.xla_flags("--xla_force_host_platform_device_count=8"))
   out, png = tmp_path / "bench.json", tmp_path / "bench.png"
   extra = ["--layouts"] if mode == "ht" else []
   result = subprocess.run([sys.executable, "-m", "jax_ep.bench", "--mode", mode, *extra, *TINY,
@@ -205,7 +206,7 @@ def test_bench_help_exits_zero():
 def test_single_device_modes_write_their_rows(tmp_path, mode):
   out = tmp_path / f"{mode}.json"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = cpu_flags.FAST_COMPILE  # one CPU device per process
   result = subprocess.run(
       [sys.executable, "-m", "jax_ep.bench", "--mode", mode, "--tokens", "32", "--hidden", "128",
        "--ffn", "64", "--num_experts", "4", "--topk", "2", "--repeats", "2", "--out", str(out)],

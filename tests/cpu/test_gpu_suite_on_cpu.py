@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+import cpu_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LONG = "not 1000_calls and not 10000_calls"
 
@@ -26,7 +28,7 @@ def test_gpu_suite_passes_on_cpu_processes(num_processes, select, min_tests):
   # no XLA collective (the one-GPU mode cannot run one).
   env = dict(os.environ, JAX_EP_GPU_TESTS_ON_CPU="1", JAX_PLATFORMS="cpu",
              JAX_EP_GPU_TESTS_CHECK_CUDA_LOWERING="1")
-  env.pop("XLA_FLAGS", None)  # one CPU device per process, as on the GPU machine
+  env["XLA_FLAGS"] = cpu_flags.FAST_COMPILE  # one CPU device per process, as on the GPU machine
   env.pop("JAX_EP_GPUS_SHARED", None)
   result = subprocess.run(
       [sys.executable, "-m", "jax_ep.launch", "-n", str(num_processes), "-m", "pytest",
