@@ -62,13 +62,19 @@ def _lax_gemm(rows, w, group_sizes):
 
 
 def _floor(topk: int):
-  """The expert GEMMs' useful FLOPs as two dense matmuls over the pairs' rows."""
+  """The expert GEMMs' useful FLOPs as two dense matmuls over the pairs' rows.
+
+  Its params are one expert's weights ({"w_in": (H, 2F), "w_out": (F, H)}), so
+  the backward computes only the products' gradients; each product rounds to
+  the rows' dtype, as the grouped GEMMs do, so the backward's GEMMs take
+  bfloat16 cotangents like the systems it is the floor of.
+  """
 
   def floor(params, x):
     rows = jnp.broadcast_to(x[:, None], (x.shape[0], topk, x.shape[1])).reshape(-1, x.shape[1])
-    h = jnp.matmul(rows, params["w_in"][0].astype(x.dtype), preferred_element_type=F32)
-    gate, up = jnp.split(h, 2, axis=-1)
-    return jnp.matmul((gate * up).astype(x.dtype), params["w_out"][0].astype(x.dtype),
+    h = jnp.matmul(rows, params["w_in"].astype(x.dtype), preferred_element_type=F32)
+    gate, up = jnp.split(h.astype(x.dtype), 2, axis=-1)
+    return jnp.matmul(gate * up, params["w_out"].astype(x.dtype),
                       preferred_element_type=F32).astype(x.dtype)
 
   return floor
@@ -105,7 +111,8 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
       ("MaxText algorithm, jax.lax.ragged_dot", _maxtext_layer(_lax_gemm, topk), (params, x)),
       ("MaxText algorithm, grouped_matmul", _maxtext_layer(moe.grouped_matmul, topk),
        (params, x)),
-      ("floor: dense matmuls, same useful FLOPs", _floor(topk), (params, x)),
+      ("floor: dense matmuls, same useful FLOPs", _floor(topk),
+       ({"w_in": params["w_in"][0], "w_out": params["w_out"][0]}, x)),
   ]
   pairs = tokens * topk
   flops = dict(forward=6.0 * pairs * hidden * ffn, forward_backward=18.0 * pairs * hidden * ffn)
@@ -114,7 +121,7 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
     floor_us = None
     for name, fn, args in reversed(systems):        # the floor first: the ratios need it
       timed = fn if mode == "forward" else _forward_backward(fn)
-      measured = single_device.measure(timed, args, repeats=repeats)
+      measured = single_device.measure(timed, args, repeats=repeats, check_memory=True)
       if name.startswith("floor"):
         floor_us = measured.us
       oom = measured.error is not None and any(w in measured.error for w in OOM_WORDS)

@@ -59,10 +59,36 @@ def peak_bytes(fn: Callable, args) -> int | None:
              + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
 
 
+def memory_shortfall(peak: int | None) -> str | None:
+  """Why an executable of ``peak`` bytes cannot run on device 0, or None.
+
+  XLA's GPU allocator does not always fail fast on a request beyond what it
+  has: it retries, waiting for frees that never come (seen: ragged_dot's
+  forward+backward at DeepSeek shapes on one H100 waited for minutes). So the
+  caller checks what the memory analysis asks for against what is left first.
+  """
+  stats = jax.devices()[0].memory_stats() if peak is not None else None
+  if not stats or "bytes_limit" not in stats:
+    return None
+  free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+  if peak <= free:
+    return None
+  return (f"RESOURCE_EXHAUSTED (not run): XLA's memory analysis asks for "
+          f"{peak / 2**30:.1f} GiB; the device's allocator has {free / 2**30:.1f} GiB free")
+
+
 def measure(fn: Callable, args, num_calls: int = 5, repeats: int = 5,
-            warmup_calls: int = 20) -> Measured:
-  """Times ``fn(*args)`` (device arrays) per call; never raises."""
+            warmup_calls: int = 20, check_memory: bool = False) -> Measured:
+  """Times ``fn(*args)`` (device arrays) per call; never raises.
+
+  check_memory: first compare the one-call executable's memory analysis with
+  the device's free memory (memory_shortfall), and report a shortfall as the
+  error without running.
+  """
   peak = peak_bytes(fn, args)
+  shortfall = memory_shortfall(peak) if check_memory else None
+  if shortfall is not None:
+    return Measured(None, error=shortfall, peak_bytes=peak)
   try:
     num_calls = max(num_calls, 2)
     lengths = (num_calls, timing.short_calls_of(num_calls))
