@@ -23,6 +23,8 @@ def label_of(row: Mapping | None) -> str:
     return "not run"
   if row.get("tflops"):
     return f"{row['tflops']:.0f}"
+  if str(row.get("error") or "").startswith("not run"):
+    return "not run"
   return "failed" if row.get("error") else "below noise"
 
 

@@ -28,6 +28,13 @@ def match_vma(*arrays: jax.Array, extra_axes: Sequence[str] = ()) -> list[jax.Ar
   return matched
 
 
+def vary_like(x: jax.Array, like: jax.Array) -> jax.Array:
+  """pcast ``x`` to vary over ``like``'s manual axes too (a kernel such as a
+  Pallas call may return a result that varies over none of them)."""
+  missing = tuple(sorted(vma_of(like) - vma_of(x)))
+  return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
 def result_type(shape: Sequence[int], dtype, like: jax.Array):
   """An unsharded per-shard result type varying over the same manual axes as ``like``."""
   aval = jax.typeof(like)

@@ -39,6 +39,10 @@ flags.DEFINE_integer("hidden", 7168, "hidden size")
 flags.DEFINE_integer("num_experts", 256, "experts (gmm and layer: default 32, a DeepSeek-V3 "
                      "rank's share)")
 flags.DEFINE_integer("ffn", 2048, "gmm, layer: each expert's FFN width")
+flags.DEFINE_bool("layer_lax_backward", False, "layer: also time the forward+backward of "
+                  "MaxText's algorithm on jax.lax.ragged_dot (XLA's dense lowering of its "
+                  "weight gradient: at DeepSeek shapes it runs out of memory or waits in "
+                  "XLA's allocator for minutes)")
 flags.DEFINE_bool("gmm_sweep", False, "gmm: also time the Pallas kernels at other tiles")
 flags.DEFINE_integer("topk", 8, "experts per token")
 flags.DEFINE_integer("num_calls", 50, "calls per long timed executable (the short one: 1/5)")
@@ -106,7 +110,7 @@ def single_device_main(run_as: str) -> int:
   else:
     from jax_ep.bench import layer  # pylint: disable=import-outside-toplevel
     rows, meta = layer.run(tokens, FLAGS.hidden, FLAGS.ffn, experts, FLAGS.topk, FLAGS.seed,
-                           FLAGS.repeats)
+                           FLAGS.repeats, lax_backward=FLAGS.layer_lax_backward)
   # A row below the harness's noise has no time but did not fail (as in ll / ht).
   failed = any(r["error"] is not None and not r.get("expected_failure") for r in rows)
   payload = dict(mode=FLAGS.mode, **record, timing=TIMING_ONE_DEVICE, any_failed=failed,

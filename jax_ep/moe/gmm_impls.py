@@ -19,8 +19,9 @@ Pallas kernels (they never write them); grouped_matmul masks them.
 - ``pallas``: JAX's own Mosaic GPU kernels for Hopper (sm_90),
   ``jax.experimental.pallas.ops.gpu.ragged_dot_mgpu`` (forward, and input_grad
   with ``transpose_rhs``) and ``transposed_ragged_dot_mgpu`` (weight_grad). They
-  need the row and weight dtypes equal (bf16 or f16) and tile-divisible sizes
-  (pallas_refusal).
+  need the row and weight dtypes equal (bf16 or f16) and tile-divisible K and N
+  (pallas_refusal); the rows are zero-padded to a whole number of row tiles
+  (rows_padded), as the kernels' tiling of M requires.
 - ``tokamax``: Google's tokamax (``pip install jax_ep[tokamax]``), its
   ``tokamax.ragged_dot`` and its VJP.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Callable
 
 import jax
@@ -160,6 +162,30 @@ def tokamax_weight_grad(rows, d_out, group_sizes):
   return vjp(d_out.astype(rows.dtype))[0].astype(rows.dtype)
 
 
+def rows_padded(product: Callable, multiple: int, num_row_operands: int, row_result: bool
+                ) -> Callable:
+  """``product`` with its first ``num_row_operands`` operands (rows [M, ...])
+  zero-padded to a multiple of ``multiple`` rows; a row result (``row_result``:
+  [M', ...], not weight_grad's [G, K, N]) is cut back to M.
+
+  The Mosaic GPU kernels tile M and refuse an M off their tiling (seen: "dimension
+  0 must have size smaller or a multiple of its tiling 8, but got 300"). The
+  padded rows lie past sum(group_sizes), so they belong to no group and change
+  no product.
+  """
+
+  def padded(*operands):
+    num_rows = operands[0].shape[0]
+    extra = -num_rows % multiple
+    if not extra:
+      return product(*operands)
+    grown = [jnp.pad(x, ((0, extra), (0, 0))) for x in operands[:num_row_operands]]
+    out = product(*grown, *operands[num_row_operands:])
+    return out[:num_rows] if row_result else out
+
+  return padded
+
+
 def products(implementation: str, tiles: dict[str, PallasTiles]) -> dict[str, Callable]:
   """The three product functions of one implementation (tiles: Pallas only)."""
   if implementation == "xla":
@@ -168,7 +194,14 @@ def products(implementation: str, tiles: dict[str, PallasTiles]) -> dict[str, Ca
     return dict(forward=tokamax_forward, input_grad=tokamax_input_grad,
                 weight_grad=tokamax_weight_grad)
   if implementation == "pallas":
-    return dict(forward=functools.partial(pallas_forward, tiles=tiles["forward"]),
-                input_grad=functools.partial(pallas_input_grad, tiles=tiles["input_grad"]),
-                weight_grad=functools.partial(pallas_weight_grad, tiles=tiles["weight_grad"]))
+    def row_multiple(product: str) -> int:
+      return math.lcm(tiles[product].block_m, tiles[product].block_k)
+    return dict(
+        forward=rows_padded(functools.partial(pallas_forward, tiles=tiles["forward"]),
+                            row_multiple("forward"), 1, True),
+        input_grad=rows_padded(functools.partial(pallas_input_grad, tiles=tiles["input_grad"]),
+                               row_multiple("input_grad"), 1, True),
+        weight_grad=rows_padded(functools.partial(pallas_weight_grad,
+                                                  tiles=tiles["weight_grad"]),
+                                row_multiple("weight_grad"), 2, False))
   raise ValueError(f"unknown grouped-matmul implementation {implementation!r}")

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from jax_ep._vma import match_vma
+from jax_ep._vma import match_vma, vary_like
 from jax_ep.errors import EpConfigError
 from jax_ep.moe import gmm_impls
 from jax_ep.moe.gmm_impls import PallasTiles
@@ -198,7 +198,8 @@ def _outside_groups_zero(out: jax.Array, group_sizes: jax.Array) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _grouped_matmul(plan: Plan, rows, w, group_sizes):
-  return _outside_groups_zero(plan.functions()["forward"](rows, w, group_sizes), group_sizes)
+  out = plan.functions()["forward"](rows, w, group_sizes)
+  return _outside_groups_zero(vary_like(out, rows), group_sizes)
 
 
 def _grouped_matmul_fwd(plan, rows, w, group_sizes):
@@ -209,9 +210,11 @@ def _grouped_matmul_bwd(plan, residuals, d_out):
   rows, w, group_sizes = residuals
   functions = plan.functions()
   d_out = d_out.astype(rows.dtype)
-  d_rows = _outside_groups_zero(functions["input_grad"](d_out, w, group_sizes), group_sizes)
-  d_w = functions["weight_grad"](rows, d_out, group_sizes).astype(w.dtype)
-  return d_rows, d_w, None
+  # A custom VJP's cotangents must vary over the primal inputs' manual axes,
+  # which the Pallas kernels' results do not carry.
+  d_rows = vary_like(functions["input_grad"](d_out, w, group_sizes), rows)
+  d_w = vary_like(functions["weight_grad"](rows, d_out, group_sizes).astype(w.dtype), w)
+  return _outside_groups_zero(d_rows, group_sizes), d_w, None
 
 
 _grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)

@@ -18,6 +18,7 @@ def test_a_bar_without_a_time_says_why():
   assert plot_layer.label_of(_row("forward", "a", None, "RESOURCE_EXHAUSTED")) == "failed"
   assert plot_layer.label_of(_row("forward", "a", None)) == "below noise"
   assert plot_layer.label_of(None) == "not run"
+  assert plot_layer.label_of(_row("forward", "a", None, "not run (a flag runs it)")) == "not run"
 
 
 def test_the_chart_is_written_and_other_modes_are_refused(tmp_path):

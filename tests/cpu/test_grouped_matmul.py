@@ -15,7 +15,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "gpu
 
 import gmm_oracle  # noqa: E402
 from jax_ep.errors import EpConfigError  # noqa: E402
-from jax_ep.moe import GroupedMatmulConfig, grouped_matmul, grouped_matmul_plan  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+from jax_ep.moe import GroupedMatmulConfig, gmm_impls, grouped_matmul, grouped_matmul_plan  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
@@ -67,3 +68,63 @@ def test_pallas_refusals_name_the_reason():
                                                         jnp.float32, tiles)
   assert "not a multiple" in gmm_impls.pallas_refusal((8, 100), (2, 100, 256), jnp.bfloat16,
                                                       jnp.bfloat16, tiles)
+
+
+def test_rows_padded_pads_to_the_tile_and_changes_no_product():
+  """The Pallas products pad M to their row tiling (the kernels refuse M = 300 with
+  a tiling of 8); with lax's products underneath, padding must change no row
+  product, and the weight gradient only by float32 summation order: two orders of
+  a sum of n products differ by at most 2 n u sum|a b| (u = 2^-24)."""
+  x, w, d_out = gmm_oracle.operands(300, 6, 64, 48, jnp.float32)
+  sizes = jnp.asarray(gmm_oracle.CASES[0][1], jnp.int32)
+  seen_rows = []
+
+  def spy(product):
+    def run(*operands):
+      seen_rows.append(operands[0].shape[0])
+      return product(*operands)
+    return run
+
+  for product, operands, num_row_operands, row_result in (
+      (gmm_impls.xla_forward, (x, w, sizes), 1, True),
+      (gmm_impls.xla_input_grad, (d_out, w, sizes), 1, True),
+      (gmm_impls.xla_weight_grad, (x, d_out, sizes), 2, False)):
+    padded = gmm_impls.rows_padded(spy(product), 128, num_row_operands, row_result)
+    if row_result:
+      np.testing.assert_array_equal(padded(*operands), product(*operands))
+    else:
+      bound = 2 * 300 * 2.0**-24 * product(jnp.abs(x), jnp.abs(d_out), sizes)
+      assert bool(jnp.all(jnp.abs(padded(*operands) - product(*operands)) <= bound))
+  assert seen_rows == [384, 384, 384]
+
+
+def test_cotangents_vary_like_their_primals_when_a_kernel_returns_invariant_results(
+    monkeypatch):
+  """Inside shard_map, a Pallas kernel's result varies over no manual axis; the
+  custom VJP must still return cotangents typed like its inputs (seen on sm_90:
+  "the bwd rule produced an output of type bfloat16[8,128,256] corresponding to
+  an input of type bfloat16[8,128,256]{V:ep}")."""
+  real_products = gmm_impls.products
+
+  def invariant(product):  # psum over the one-device axis: same values, no vma
+    return lambda *operands: jax.lax.psum(product(*operands), "ep")
+
+  def products(implementation, tiles):
+    return {name: invariant(fn) for name, fn in real_products(implementation, tiles).items()}
+
+  monkeypatch.setattr(gmm_impls, "products", products)
+  x, w, d_out = gmm_oracle.operands(300, 6, 64, 48, jnp.float32)
+  sizes = jnp.asarray(gmm_oracle.CASES[0][1], jnp.int32)
+  mesh = jax.make_mesh((1,), ("ep",), devices=jax.devices()[:1])
+
+  def loss(a, b):
+    return jnp.sum(grouped_matmul(a, b, sizes) * d_out)
+
+  sharded = jax.shard_map(jax.grad(loss, argnums=(0, 1)), mesh=mesh,
+                          in_specs=(P("ep"), P("ep")), out_specs=(P("ep"), P("ep")))
+  placed = [jax.device_put(a, jax.sharding.NamedSharding(mesh, P("ep"))) for a in (x, w)]
+  d_x, d_w = jax.jit(sharded)(*placed)
+  want_x, want_w = jax.grad(
+      lambda a, b: jnp.sum(jax.lax.ragged_dot(a, b, sizes) * d_out), argnums=(0, 1))(x, w)
+  np.testing.assert_allclose(d_x, want_x, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want_x))))
+  np.testing.assert_allclose(d_w, want_w, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want_w))))
