@@ -86,6 +86,9 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
     systems.append(("pallas", "pallas", None))
   if gmm_impls.tokamax_module() is not None and on_gpu:
     systems.append(("tokamax", "tokamax", None))
+  elif on_gpu:
+    print(f"tokamax: not timed, it does not import ({gmm_impls.tokamax_import_error()}; "
+          "pip install 'jax_ep[tokamax]')", flush=True)
   out: list[dict] = []
   for gemm, k, n in (("gate_up", hidden, 2 * ffn), ("down", ffn, hidden)):
     args = _operands(rows_m, k, n, group_sizes, seed)

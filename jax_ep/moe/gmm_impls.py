@@ -136,13 +136,22 @@ def pallas_weight_grad(rows, d_out, group_sizes, tiles: PallasTiles):
 
 # ---------------------------------------------------------------- tokamax
 @functools.cache
-def tokamax_module():
-  """The tokamax module, or None when it is not installed."""
+def _tokamax_import() -> tuple[object | None, str | None]:
   try:
     import tokamax  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    return None
-  return tokamax
+  except ImportError as e:
+    return None, f"{type(e).__name__}: {e}"
+  return tokamax, None
+
+
+def tokamax_module():
+  """The tokamax module, or None when it cannot be imported (tokamax_import_error)."""
+  return _tokamax_import()[0]
+
+
+def tokamax_import_error() -> str | None:
+  """Why ``import tokamax`` failed, or None when it imported."""
+  return _tokamax_import()[1]
 
 
 def tokamax_forward(rows, w, group_sizes):

@@ -134,8 +134,9 @@ def plan_for(config: GroupedMatmulConfig, rows: jax.ShapeDtypeStruct,
     return Plan("xla", "xla", "xla", tiles)
   if choice == "tokamax":
     if gmm_impls.tokamax_module() is None:
-      raise EpConfigError("GroupedMatmulConfig(implementation='tokamax'): tokamax is not "
-                          "installed (pip install 'jax_ep[tokamax]')")
+      raise EpConfigError(f"GroupedMatmulConfig(implementation='tokamax'): tokamax does not "
+                          f"import ({gmm_impls.tokamax_import_error()}; pip install "
+                          f"'jax_ep[tokamax]')")
     return Plan("tokamax", "tokamax", "tokamax", tiles)
   platform, sm90, devices = _devices()
   if choice == "pallas":
