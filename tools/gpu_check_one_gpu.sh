@@ -228,6 +228,8 @@ one_gpu_layer_bench() {
     grep -E "^(forward|gate_up|down) " "$log" | tee -a "$SUMMARY"
     [ "$rc" -ne 0 ] && status=1 && grep -v "^[IW][0-9]\{4\} " "$log" | tail -15
     json=$(sed -n 's/^results: //p' "$log" | tail -1)
+    # A run stopped by its time limit leaves its JSON of the rows so far ("complete": false).
+    [[ -z "$json" ]] && json=$(ls -t "$OUT/${mode}"_*.json 2>/dev/null | head -1)
     if [[ $mode == layer && -n "$json" ]] && ! "$PY" -m benchmarks.plot_layer "$json" \
         --out "$OUT/moe_layer_ep1.png" >> "$log" 2>&1; then
       status=1

@@ -97,31 +97,46 @@ def chart_commands(path: str) -> list[str]:
 
 
 def single_device_main(run_as: str) -> int:
-  """--mode gmm / layer: one process, one device; the table as it runs, then the JSON."""
+  """--mode gmm / layer: one process, one device; the table as it runs, and the
+  JSON rewritten after every row ("complete": false until the last), so a run
+  stopped by a time limit keeps the rows it measured."""
   import jax  # pylint: disable=import-outside-toplevel
   from jax_ep.bench import provenance, results  # pylint: disable=import-outside-toplevel
   record = provenance.record(sys.argv, module=run_as)
   experts = FLAGS.num_experts if FLAGS["num_experts"].present else 32
   tokens = FLAGS.tokens or (8192 if "H200" in jax.devices()[0].device_kind else 4096)
-  if FLAGS.mode == "gmm":
-    from jax_ep.bench import gmm  # pylint: disable=import-outside-toplevel
-    rows, meta = gmm.run(tokens, FLAGS.hidden, FLAGS.ffn, experts, FLAGS.topk, FLAGS.seed,
-                         FLAGS.gmm_sweep, FLAGS.repeats)
-  else:
-    from jax_ep.bench import layer  # pylint: disable=import-outside-toplevel
-    rows, meta = layer.run(tokens, FLAGS.hidden, FLAGS.ffn, experts, FLAGS.topk, FLAGS.seed,
-                           FLAGS.repeats, lax_backward=FLAGS.layer_lax_backward)
-  # A row below the harness's noise has no time but did not fail (as in ll / ht).
-  failed = any(r["error"] is not None and not r.get("expected_failure") for r in rows)
-  payload = dict(mode=FLAGS.mode, **record, timing=TIMING_ONE_DEVICE, any_failed=failed,
-                 meta=meta, rows=rows)
   path = FLAGS.out
   if path is None and FLAGS.out_dir:
     os.makedirs(FLAGS.out_dir, exist_ok=True)
     path = provenance.free_path(FLAGS.out_dir, provenance.default_name(
         FLAGS.mode, record["date"], record["commit"]["short"], record["commit"]["dirty"]))
+
+  shape = dict(tokens=tokens, hidden=FLAGS.hidden, ffn=FLAGS.ffn, experts=experts,
+               topk=FLAGS.topk, seed=FLAGS.seed)
+
+  def save(rows: list[dict], meta: dict | None) -> bool:
+    # A row below the harness's noise has no time but did not fail (as in ll / ht).
+    failed = any(r["error"] is not None and not r.get("expected_failure") for r in rows)
+    if path:
+      results.write_json(path, dict(mode=FLAGS.mode, **record, timing=TIMING_ONE_DEVICE,
+                                    complete=meta is not None, any_failed=failed,
+                                    meta=meta or shape, rows=rows))
+    return failed
+
+  def save_partial(rows: list[dict]) -> None:
+    save(rows, None)
+
+  if FLAGS.mode == "gmm":
+    from jax_ep.bench import gmm  # pylint: disable=import-outside-toplevel
+    rows, meta = gmm.run(tokens, FLAGS.hidden, FLAGS.ffn, experts, FLAGS.topk, FLAGS.seed,
+                         FLAGS.gmm_sweep, FLAGS.repeats, on_row=save_partial)
+  else:
+    from jax_ep.bench import layer  # pylint: disable=import-outside-toplevel
+    rows, meta = layer.run(tokens, FLAGS.hidden, FLAGS.ffn, experts, FLAGS.topk, FLAGS.seed,
+                           FLAGS.repeats, lax_backward=FLAGS.layer_lax_backward,
+                           on_row=save_partial)
+  failed = save(rows, meta)
   if path:
-    results.write_json(path, payload)
     print(f"results: {path}")
     for command in chart_commands(path):
       print(f"chart: {command}")

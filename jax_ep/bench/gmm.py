@@ -74,8 +74,10 @@ def _floor_calls(pairs: int) -> dict[str, Callable]:
 
 
 def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, sweep: bool,
-        repeats: int) -> tuple[list[dict], dict]:
-  """Rows (one per shape, product, system) and the run's settings."""
+        repeats: int, on_row: Callable[[list[dict]], None] | None = None
+        ) -> tuple[list[dict], dict]:
+  """Rows (one per shape, product, system) and the run's settings; ``on_row``
+  gets the rows so far after each one (the caller saves them as it goes)."""
   group_sizes, pairs = group_sizes_of(tokens, experts, topk, seed)
   rows_m = -(-(tokens * topk + experts * (ALIGNMENT - 1)) // ALIGNMENT) * ALIGNMENT
   default = GroupedMatmulConfig()
@@ -112,6 +114,8 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
                    of_floor=floor_us / measured.us if measured.us and floor_us else None)
         out.append(row)
         print(format_row(row), flush=True)
+        if on_row is not None:
+          on_row(out)
   meta = dict(tokens=tokens, hidden=hidden, ffn=ffn, experts=experts, topk=topk, seed=seed,
               pairs=pairs, rows=rows_m, alignment=ALIGNMENT, repeats=repeats,
               group_sizes=group_sizes.tolist(), useful_flops="2 * pairs * K * N")

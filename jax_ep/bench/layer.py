@@ -18,6 +18,7 @@ rows is drawn from the JSON (benchmarks/plot_layer.py).
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -96,7 +97,10 @@ LAX_BACKWARD_SKIPPED = (
 
 
 def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, repeats: int,
-        lax_backward: bool = False) -> tuple[list[dict], dict]:
+        lax_backward: bool = False, on_row: Callable[[list[dict]], None] | None = None
+        ) -> tuple[list[dict], dict]:
+  """Rows (one per mode and system) and the run's settings; ``on_row`` gets the
+  rows so far after each one (the caller saves them as it goes)."""
   ep = jax_ep.EpConfig(num_experts=experts, hidden=hidden, max_tokens_per_rank=tokens,
                        num_topk=topk, axis_name="ep", enable_low_latency=False)
   config = moe.MoeConfig(ep=ep, ffn_size=ffn)
@@ -142,6 +146,8 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
                  of_floor=floor_us / measured.us if measured.us and floor_us else None)
       rows.append(row)
       print(format_row(row), flush=True)
+      if on_row is not None:
+        on_row(rows)
   meta = dict(tokens=tokens, hidden=hidden, ffn=ffn, experts=experts, topk=topk, seed=seed,
               pairs=pairs, activation="swiglu", dtype="bfloat16", repeats=repeats,
               useful_flops=flops, expert_alignment=config.gmm.row_alignment)
