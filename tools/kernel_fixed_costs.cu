@@ -7,7 +7,7 @@
 // (kArrive: one acq_rel atomic per block, the last block writes), one read of
 // host-mapped memory (kHost), a 14 KB row loaded (kRowLoad) or stored
 // (kRowStore) per block, the sequence number's load and store (kSeq).
-// Not part of the library; results in docs/benchmarks.md.
+// Not part of the library; results in docs/history.md.
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o kernel_fixed_costs tools/kernel_fixed_costs.cu
 //   ./kernel_fixed_costs
 #include <cuda_runtime.h>

@@ -16,7 +16,7 @@
 // barrier, the routing pass, the fill of rows past count, the token loop, the
 // end; on the per-block questions' way (DeepEP's LL shape at 132 blocks):
 // thread 0's start to the barrier, the barrier, the fill, the pairs, the end.
-// Not part of the library; results in docs/benchmarks.md.
+// Not part of the library; results in docs/history.md.
 //
 //   NV=$(python3 -c "import nvidia.nvshmem as m; print(m.__path__[0])")
 //   F="-O3 -DNDEBUG -std=c++17 -arch=sm_90 -rdc=true --expt-relaxed-constexpr -I. -I$NV/include

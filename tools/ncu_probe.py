@@ -5,7 +5,7 @@ One process on one GPU, the bench's shapes (jax_ep/bench/ll.py, ht.py): mode
 mode "ht" the HT dispatch (BF16, FP8) and combine at 24 SMs, each op
 ``CALLS`` times under jit(shard_map), in that order. Run it under ncu with XLA's
 command buffers off, so that each call is one plain launch. With ncu's default
-kernel replay it did not profile these kernels (2026-12-01, docs/benchmarks.md:
+kernel replay it did not profile these kernels (2026-12-01, docs/history.md:
 the replay backs up the process's device memory, the NVSHMEM heap among it).
 Not part of the library.
     XLA_FLAGS=--xla_gpu_enable_command_buffer= ncu --clock-control none \

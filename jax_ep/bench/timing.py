@@ -96,7 +96,7 @@ def slope_noise_us(long_s: Sequence[float], short_s: Sequence[float], long_calls
   How far the host's noise moves the slope: each median sits within its
   samples' interquartile range, so a slope below this is not measured (a
   negative slope, as once seen for a 4 us op at N = 50 and 7 executions,
-  2026-12-01, docs/benchmarks.md). NaN with fewer than two samples of a length."""
+  2026-12-01, docs/history.md). NaN with fewer than two samples of a length."""
   if len(long_s) < 2 or len(short_s) < 2:
     return math.nan
 
