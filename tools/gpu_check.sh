@@ -32,6 +32,10 @@
 #                 (default "ht ll"), EP1_BENCH_RUNS (default 1; more: their
 #                 medians by python -m benchmarks.medians) and EP1_BENCH_ARGS
 #                 (more bench flags, e.g. --nobaselines)
+#       ep1compare the ep1bench medians of this tree against a base commit's, both
+#                 built in this call, runs alternating; benchmarks.compare flags a
+#                 median more than 3% slower (not in the default phases; needs
+#                 .carry/base.tar.gz and BASE_COMMIT: tools/gpu_check_one_gpu.sh)
 #       layerbench jax_ep.bench --mode gmm and --mode layer in one process alone
 #                 on the GPU (EP1 speeds; not in the default phases); tokamax
 #                 rows when its wheels are carried in .whl
@@ -82,7 +86,7 @@ pack_out() {
   (
     cd "$OUT" || exit
     shopt -s nullglob
-    logs=(./*.log) jsons=(./*.json)
+    logs=(./*.log) jsons=(./*.json ./compare_*/*.json)   # ep1compare: one folder a side
     if (( ${#logs[@]} )); then tar -czf logs.tar.gz "${logs[@]}" && rm -f "${logs[@]}"; fi
     if (( ${#jsons[@]} )); then tar -czf results.tar.gz "${jsons[@]}" && rm -f "${jsons[@]}"; fi
   )

@@ -205,6 +205,60 @@ one_gpu_ep1_bench() {  # one process alone on the GPU (EP1): a speed measurement
   fi
 }
 
+# The EP1 medians of this tree against a base commit's, in one device call: both
+# built here, their runs alternating (base, head) so that machine and clocks are the
+# same for both; then benchmarks.compare (SLOWER: a head median more than
+# COMPARE_TOLERANCE, default 0.03, over the base's). Needs the base's source carried:
+#   git archive --format=tar.gz -o .carry/base.tar.gz BASE    (carry [".carry"])
+# and BASE_COMMIT=<its short hash>. EP1_BENCH_MODES (default "ht ll"), EP1_BENCH_RUNS
+# (default 5), EP1_BENCH_ARGS as for ep1bench.
+one_gpu_ep1_compare() {
+  local base_src=/tmp/jax_ep_base_src base_site=/tmp/jax_ep_base_site run mode side log rc
+  if [[ ! -f .carry/base.tar.gz || -z "${BASE_COMMIT:-}" ]]; then
+    note "ep1compare: skipped (needs .carry/base.tar.gz, git archive of the base, and BASE_COMMIT)"
+    status=1
+    return
+  fi
+  rm -rf "$base_src" "$base_site" && mkdir -p "$base_src" && tar -xzf .carry/base.tar.gz -C "$base_src"
+  # The base is installed into its own folder and run from outside the tree with
+  # that folder on PYTHONPATH; the tree's in-place build serves the head's runs.
+  if ! (cd "$base_src" && JAX_EP_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps \
+        --no-cache-dir --target "$base_site" . > "$OUT/build_base.log" 2>&1); then
+    note "ep1compare: build of $BASE_COMMIT FAILED (build_base.log)"
+    status=1
+    tail -30 "$OUT/build_base.log"
+    return
+  fi
+  mkdir -p "$OUT/compare_base" "$OUT/compare_head"
+  for ((run = 1; run <= ${EP1_BENCH_RUNS:-5}; run++)); do
+    for mode in ${EP1_BENCH_MODES:-ht ll}; do
+      for side in base head; do
+        log="$OUT/compare_${side}_${mode}_${run}.log"
+        # EP1_BENCH_ARGS may hold several flags. shellcheck disable=SC2086
+        if [[ $side == base ]]; then
+          (cd /tmp && PYTHONPATH="$base_site" JAX_EP_BENCH_COMMIT="$BASE_COMMIT" \
+              timeout "${BENCH_TIMEOUT_S:-600}" "$PY" -m jax_ep.bench --mode "$mode" \
+              --out_dir "$OUT/compare_base" $([[ $mode == ht ]] && echo --layouts) \
+              ${EP1_BENCH_ARGS:-}) > "$log" 2>&1
+        else
+          timeout "${BENCH_TIMEOUT_S:-600}" "$PY" -m jax_ep.bench --mode "$mode" \
+              --out_dir "$OUT/compare_head" $([[ $mode == ht ]] && echo --layouts) \
+              ${EP1_BENCH_ARGS:-} > "$log" 2>&1
+        fi
+        rc=$?
+        note "ep1compare run $run, $mode, $side rc=$rc"
+        [ "$rc" -ne 0 ] && status=1 && grep -v "^[IW][0-9]\{4\} " "$log" | tail -8
+      done
+    done
+  done
+  for mode in ${EP1_BENCH_MODES:-ht ll}; do
+    "$PY" -m benchmarks.compare --base "$OUT/compare_base/${mode}"_*.json \
+        --head "$OUT/compare_head/${mode}"_*.json --tolerance "${COMPARE_TOLERANCE:-0.03}" \
+        --out "$OUT/compare_${mode}.json" | tee -a "$SUMMARY"
+    [ "${PIPESTATUS[0]}" -ne 0 ] && status=1
+  done
+}
+
 # The MoE layer's speed (one process alone on the GPU, EP1): bench --mode gmm
 # (the expert GEMMs' products on every implementation; tokamax when its wheels
 # were carried in .whl) and bench --mode layer (the layer against MaxText's
@@ -300,6 +354,7 @@ run_one_gpu() {
       fuzz) one_gpu_fuzz ;;
       example) one_gpu_example ;;
       ep1bench) one_gpu_ep1_bench ;;
+      ep1compare) one_gpu_ep1_compare ;;
       layerbench) one_gpu_layer_bench ;;
       transformer) one_gpu_transformer ;;
       qp) one_gpu_qp ;;
