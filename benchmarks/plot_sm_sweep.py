@@ -1,6 +1,6 @@
 """python -m benchmarks.plot_sm_sweep FILE.json [--ceilings JSON] --out PNG [--targets]
 
-The jax_ep HT ops' time against their SM budget (EpConfig.num_sms), from the
+The jax_ep HT ops' time against their SM budget (EpGroup.num_sms), from the
 ``sm_sweep`` of python -m jax_ep.bench --mode ht --sm_sweep N,...:
 
   * FILE.json: the medians of several runs (python -m benchmarks.medians
@@ -216,7 +216,7 @@ def draw(points: Sequence[Point], title: str, path: str,
   ticks = sorted(set(budgets) | {n for key in keys if targets for n in TARGETS.get(key, {})})
   if len(ticks) <= 16:
     ax.set_xticks(ticks)
-  ax.set_xlabel("SMs (EpConfig.num_sms)")
+  ax.set_xlabel("SMs (EpGroup.num_sms)")
   ax.set_ylabel("us per call (log scale)")
   ax.grid(True, which="both", alpha=0.3)
   legend = handles["ops"] + handles["ceilings"] + handles["targets"]

@@ -34,7 +34,7 @@ struct DeviceStatus {
   uint32_t reserved[3];
 };
 
-// Most blocks of one HT dispatch at one rank (its grid is EpConfig.num_sms).
+// Most blocks of one HT dispatch at one rank (its grid is EpGroup.num_sms).
 constexpr int kMaxHtBlocks = 1024;
 
 // Call sequence numbers, send/recv pairing state and the per-launch arrival

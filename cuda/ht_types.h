@@ -78,7 +78,7 @@ struct HtContext {
   DeviceCounters* counters;  // device memory
   DeviceStatus* status;      // host-mapped
   uint64_t timeout_ns;
-  int num_sms;               // SM budget of the HT kernels (EpConfig.num_sms)
+  int num_sms;               // SM budget of the HT kernels (EpGroup.num_sms)
   DeviceProfile* profile;    // device memory, or null (profiling off)
   // Experiments, set from the environment at initialize (docs/benchmarks.md):
   int recv_divisor;          // dispatch: grid / recv_divisor blocks receive (>= 2)

@@ -392,7 +392,7 @@ std::string Runtime::Allocate(const EpDims& dims, const std::vector<int>& group_
   // Experiment knobs (docs/benchmarks.md); the defaults are the measured kernels.
   const char* divisor_env = std::getenv("JAX_EP_HT_RECV_DIVISOR");
   ht_.recv_divisor = divisor_env != nullptr ? std::max(2, std::atoi(divisor_env)) : 3;
-  // HT SM budget: EpConfig.num_sms, else kHtDefaultSms (DeepEP's 24; see docs/benchmarks.md).
+  // HT SM budget: EpGroup.num_sms, else kHtDefaultSms (DeepEP's 24; see docs/benchmarks.md).
   ht_.num_sms = std::max(1, std::min(num_sms > 0 ? num_sms : kHtDefaultSms, num_sms_));
   if (high_throughput) {
     HtBuffers& b = ht_.buffers;

@@ -62,7 +62,7 @@ def main() -> None:
   num_expert = len(devices) // NUM_DATA
   mesh = jax.make_mesh((NUM_DATA, num_expert), ("data", "expert"), devices=devices)
   config = jax_ep.EpConfig(num_experts=4 * num_expert, hidden=128, max_tokens_per_rank=32,
-                           num_topk=2, axis_name="expert")
+                           num_topk=2, group=jax_ep.EpGroup(axis_name="expert"))
   tokens, ffn = len(devices) * config.max_tokens_per_rank, 256
   rng = np.random.default_rng(0)
   host = dict(

@@ -8,7 +8,7 @@ combine sums the weighted pair rows back per token. Trained with optax's AdamW
 Markov chain made from the seed (markov_task.py).
 
 The mesh is ("data", "expert"): the batch is split over both axes, the experts
-over "expert" (EpConfig(axis_name="expert")); every coordinate of "data" is an
+over "expert" (EpGroup(axis_name="expert")); every coordinate of "data" is an
 EP group of its own. --data 1 (the default) puts every device on the EP axis.
 
 It prints the setup, then every --log_every steps the loss, tokens/s, the
@@ -170,7 +170,8 @@ def build(args: Args, mesh) -> tuple[model.ModelConfig, jax_ep.EpConfig]:
       shared_ffn=args.shared_ffn, compute_dtype=args.dtype, aux_loss_weight=args.aux_loss_weight)
   ep_config = jax_ep.EpConfig(num_experts=num_experts, hidden=args.hidden,
                               max_tokens_per_rank=args.batch_per_rank * args.seq_len,
-                              num_topk=args.topk, axis_name="expert", enable_low_latency=False)
+                              num_topk=args.topk, group=jax_ep.EpGroup(axis_name="expert"),
+                              enable_low_latency=False)
   return config, ep_config
 
 

@@ -11,7 +11,7 @@ from jax_ep import launch, moe
 if __name__ == "__main__":
   launch.initialize_distributed_from_env()  # under python -m jax_ep.launch; else no-op
   ep = jax_ep.EpConfig(num_experts=32, hidden=256, max_tokens_per_rank=64, num_topk=4,
-                       axis_name="ep")
+                       group=jax_ep.EpGroup(axis_name="ep"))
   config = moe.MoeConfig(ep=ep, ffn_size=128, activation="swiglu", shared_ffn_size=128,
                          router=moe.RouterConfig(score_function="softmax"))
   mesh = jax.make_mesh((jax.device_count(),), ("ep",))

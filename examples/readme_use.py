@@ -41,7 +41,7 @@ def expert_mlp(rows, local_idx, weights, w1, w2):
 if __name__ == "__main__":
   launch.initialize_distributed_from_env()  # under python -m jax_ep.launch; else no-op
   config = jax_ep.EpConfig(num_experts=32, hidden=256, max_tokens_per_rank=64, num_topk=4,
-                           axis_name="ep")
+                           group=jax_ep.EpGroup(axis_name="ep"))
   mesh = jax.make_mesh((jax.device_count(),), ("ep",))   # one EP rank per device
   jax_ep.initialize(config, mesh)   # before jit, on every process; picks the backend
   num_ranks, ffn = mesh.shape["ep"], 512

@@ -5,7 +5,7 @@ backend), inside ``jax.shard_map`` over the EP axis; examples/readme_use.py
 (the README's "Use" section) is a complete, tested version::
 
   config = jax_ep.EpConfig(num_experts=32, hidden=256, max_tokens_per_rank=64,
-                           num_topk=4, axis_name="ep")
+                           num_topk=4, group=jax_ep.EpGroup(axis_name="ep"))
   jax_ep.initialize(config, mesh)          # before jit
 
   def moe(x, topk_idx, topk_weights):      # per shard: [T, H], int32/f32 [T, K]
@@ -21,6 +21,7 @@ from jax_ep import fp8
 from jax_ep import reference
 from jax_ep.config import EpConfig
 from jax_ep.errors import EpConfigError, EpError
+from jax_ep.group_config import EpGroup
 from jax_ep.ops import (LowLatencyPending, combine, dispatch, get_dispatch_layout,
                         low_latency_combine, low_latency_combine_recv, low_latency_combine_send,
                         low_latency_dispatch, low_latency_dispatch_recv,
@@ -34,7 +35,8 @@ from jax_ep.types import (DispatchHandle, DispatchResult, ExpertMajorHandle,
 __version__ = "0.1.0"
 
 __all__ = [
-    "EpConfig", "EpConfigError", "buffer_bytes", "status", "EpError", "DispatchHandle", "DispatchResult",
+    "EpConfig", "EpConfigError", "EpGroup", "buffer_bytes", "status", "EpError",
+    "DispatchHandle", "DispatchResult",
     "ExpertMajorHandle",
     "LowLatencyDispatchResult", "LowLatencyHandle", "LowLatencyPending", "combine", "dispatch", "finalize",
     "fp8", "get_dispatch_layout", "initialize", "low_latency_combine", "low_latency_combine_recv",

@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from jax_ep import _extension
-from jax_ep.config import PROCESS_WIDE_FIELDS, EpConfig, check_compatible
+from jax_ep.config import EpConfig, check_same_group
 
 _ALIGN = 256
 
@@ -60,18 +60,16 @@ def sizing_config(configs: EpConfig | Sequence[EpConfig]) -> EpConfig:
   of max_tokens_per_rank over the configs with enable_high_throughput, and of
   ll_max_tokens over those with enable_low_latency (over every config when none
   has that family: the value is then unused). A family is allocated when any
-  config enables it. The fields of config.PROCESS_WIDE_FIELDS are the configs'
-  common values (EpConfigError when they differ); debug_checks and fallback
-  are per call and left at their defaults. One config: itself, those two fields
-  reset.
+  config enables it. The group is the configs' one EpGroup (EpConfigError
+  when they differ); debug_checks and fallback are per call and left at their
+  defaults. One config: itself, those two fields reset.
   """
   configs = (configs,) if isinstance(configs, EpConfig) else tuple(configs)
   if not configs:
     raise ValueError("sizing_config needs at least one EpConfig")
-  check_compatible(configs)
+  group = check_same_group(configs)
   ht = [c for c in configs if c.enable_high_throughput] or list(configs)
   ll = [c for c in configs if c.enable_low_latency] or list(configs)
-  first = configs[0]
   return EpConfig(
       num_experts=max(c.num_experts for c in configs), hidden=max(c.hidden for c in configs),
       max_tokens_per_rank=max(c.max_tokens_per_rank for c in ht),
@@ -79,7 +77,7 @@ def sizing_config(configs: EpConfig | Sequence[EpConfig]) -> EpConfig:
       low_latency_max_tokens_per_rank=max(c.ll_max_tokens for c in ll),
       enable_low_latency=any(c.enable_low_latency for c in configs),
       enable_high_throughput=any(c.enable_high_throughput for c in configs),
-      **{name: getattr(first, name) for name in PROCESS_WIDE_FIELDS})
+      group=group)
 
 
 def buffer_bytes(config: EpConfig | Sequence[EpConfig], num_ranks: int, *,

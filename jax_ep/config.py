@@ -3,31 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Sequence
 
 from jax_ep.errors import EpConfigError
+from jax_ep.group_config import EpGroup
 
 # Default token cap of the low-latency ops: decode batches are small, and the LL
 # buffers grow with it times E_local * R (DeepEP's LL benchmarks use 128).
 DEFAULT_LOW_LATENCY_MAX_TOKENS = 128
-MAX_TIMEOUT_S = 86400.0
 FALLBACK_POLICIES = ("warn", "error", "allow")
-# What every config of one process shares (jax_ep.initialize with several
-# configs): the EP group (axis_name), and what the CUDA runtime holds once per
-# process, not per call (the wait bound, the masking policy, the HT SM budget).
-# The sizes and the per-call options (debug_checks, fallback) may differ.
-PROCESS_WIDE_FIELDS = ("axis_name", "timeout_s", "mask_on_timeout", "num_sms")
 
 
 @dataclasses.dataclass(frozen=True)
 class EpConfig:
-  """Sizes of an expert-parallel MoE exchange; frozen and hashable.
+  """Sizes of an expert-parallel MoE exchange (one layer's); frozen and hashable.
 
   EP rank ``r`` of an EP group (R ranks) owns the global experts
-  ``[r * E_local, (r + 1) * E_local)`` with ``E_local = num_experts // R``. The
-  EP group spans the ``axis_name`` mesh axes; every coordinate of the other
-  mesh axes is a group of its own (jax_ep/groups.py).
+  ``[r * E_local, (r + 1) * E_local)`` with ``E_local = num_experts // R``.
+  What the whole EP group shares (its mesh axes, the GPU wait bound, the
+  masking policy, the SM budget) lives in ``group`` (an EpGroup); the
+  read-only properties ``axis_name``, ``axis_names``, ``timeout_s``,
+  ``mask_on_timeout`` and ``num_sms`` return the group's values. Layers of
+  different sizes initialized together share one EpGroup.
 
   Attributes:
     num_experts: E, global number of experts (a multiple of R).
@@ -35,19 +32,10 @@ class EpConfig:
     max_tokens_per_rank: T, the most tokens any rank passes to one
       high-throughput call (``dispatch``); its receive buffers hold ``R * T`` rows.
     num_topk: K, experts chosen per token.
-    axis_name: the mesh axis the experts are spread over, or a tuple of axes
-      in mesh order (e.g. ``("context", "expert")``): the EP rank is then the
-      index linearised over them, first axis major, as
-      ``jax.lax.axis_index(axis_name)`` gives it.
+    group: the EP group (jax_ep.EpGroup: axis_name, timeout_s,
+      mask_on_timeout, num_sms), the same for every config of one process.
     debug_checks: turn out-of-range top-k indices into run-time errors instead
       of treating them as -1 (they are always counted in ``num_invalid``).
-    num_sms: streaming multiprocessors the GPU high-throughput kernels may use
-      (None: the measured default). Ignored by the portable backend.
-    timeout_s: bound on every device-side wait of the GPU kernels.
-    mask_on_timeout: GPU low-latency ops mask a peer whose wait timed out
-      (jax_ep.masked_ranks() then lists it) instead of recording a fault. The
-      portable backend has no timeouts (no effect there). See jax_ep.mask_rank
-      and docs/reliability.md.
     enable_low_latency: allocate the GPU low-latency buffers (about
       2 * (E_local*R*T*(2H+16) + E*T*2H) bytes; see jax_ep.buffer_bytes).
     enable_high_throughput: allocate the GPU high-throughput buffers.
@@ -65,11 +53,8 @@ class EpConfig:
   hidden: int
   max_tokens_per_rank: int
   num_topk: int
-  axis_name: str | tuple[str, ...] = "ep"
+  group: EpGroup = EpGroup()
   debug_checks: bool = False
-  num_sms: int | None = None
-  timeout_s: float = 30.0
-  mask_on_timeout: bool = False
   enable_low_latency: bool = True
   enable_high_throughput: bool = True
   low_latency_max_tokens_per_rank: int | None = None
@@ -83,22 +68,9 @@ class EpConfig:
     if self.num_topk > self.num_experts:
       raise EpConfigError(
           f"EpConfig.num_topk ({self.num_topk}) cannot exceed num_experts ({self.num_experts})")
-    if isinstance(self.axis_name, list):
-      object.__setattr__(self, "axis_name", tuple(self.axis_name))  # hashable
-    names = (self.axis_name,) if isinstance(self.axis_name, str) else self.axis_name
-    if (not isinstance(names, tuple) or not names
-        or any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names)):
-      raise EpConfigError(f"EpConfig.axis_name must be a mesh axis name or a tuple of distinct "
-                          f"axis names, got {self.axis_name!r}")
-    if len(names) == 1 and not isinstance(self.axis_name, str):
-      object.__setattr__(self, "axis_name", names[0])  # ("ep",) and "ep" are one config
-    if self.num_sms is not None and (not isinstance(self.num_sms, int) or self.num_sms <= 0):
-      raise EpConfigError(f"EpConfig.num_sms must be None or a positive int, got {self.num_sms!r}")
-    if (not isinstance(self.timeout_s, (int, float)) or isinstance(self.timeout_s, bool)
-        or not math.isfinite(self.timeout_s) or not 0 < self.timeout_s <= MAX_TIMEOUT_S):
-      raise EpConfigError(
-          f"EpConfig.timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}], got "
-          f"{self.timeout_s!r}")
+    if not isinstance(self.group, EpGroup):
+      raise EpConfigError(f"EpConfig.group must be a jax_ep.EpGroup (e.g. "
+                          f"EpGroup(axis_name='ep')), got {self.group!r}")
     ll_tokens = self.low_latency_max_tokens_per_rank
     if ll_tokens is not None and (not isinstance(ll_tokens, int) or isinstance(ll_tokens, bool)
                                   or ll_tokens <= 0):
@@ -108,10 +80,32 @@ class EpConfig:
       raise EpConfigError(
           f"EpConfig.fallback must be one of {FALLBACK_POLICIES}, got {self.fallback!r}")
 
+  # The group's fields, read through the config: the ops and the backends take
+  # one EpConfig and read these as config.axis_name etc.
+  @property
+  def axis_name(self) -> str | tuple[str, ...]:
+    """The EP mesh axis or axes (``group.axis_name``)."""
+    return self.group.axis_name
+
   @property
   def axis_names(self) -> tuple[str, ...]:
-    """The EP axes as a tuple."""
-    return (self.axis_name,) if isinstance(self.axis_name, str) else self.axis_name
+    """The EP axes as a tuple (``group.axis_names``)."""
+    return self.group.axis_names
+
+  @property
+  def timeout_s(self) -> float:
+    """Bound on every device-side wait of the GPU kernels (``group.timeout_s``)."""
+    return self.group.timeout_s
+
+  @property
+  def mask_on_timeout(self) -> bool:
+    """Whether GPU LL ops mask a timed-out peer (``group.mask_on_timeout``)."""
+    return self.group.mask_on_timeout
+
+  @property
+  def num_sms(self) -> int | None:
+    """SMs of the GPU high-throughput kernels (``group.num_sms``)."""
+    return self.group.num_sms
 
   @property
   def ll_max_tokens(self) -> int:
@@ -136,7 +130,7 @@ class EpConfig:
 def differences(held: EpConfig, given: EpConfig,
                 fields: Sequence[str] | None = None) -> list[tuple[str, Any, Any]]:
   """(field, held value, given value) for each field (all, or ``fields``) where
-  the two configs differ, in declaration order."""
+  the two configs differ, in declaration order; ``group`` is one field."""
   names = fields if fields is not None else [f.name for f in dataclasses.fields(EpConfig)]
   return [(name, getattr(held, name), getattr(given, name)) for name in names
           if getattr(held, name) != getattr(given, name)]
@@ -149,14 +143,17 @@ def describe_differences(held: EpConfig, given: EpConfig, held_as: str, given_as
                    for name, a, b in differences(held, given, fields))
 
 
-def check_compatible(configs: Sequence[EpConfig], op: str = "initialize") -> None:
-  """Raises EpConfigError unless every config shares PROCESS_WIDE_FIELDS with
-  the first; the message names each differing field and both values."""
+def check_same_group(configs: Sequence[EpConfig], op: str = "initialize") -> EpGroup:
+  """The configs' one EpGroup; EpConfigError naming both groups where one differs.
+
+  A process belongs to one EP group, and the CUDA runtime holds the group's
+  settings once, so this is the only rule between the configs of one process
+  (besides their fitting the buffers, which are sized for all of them)."""
+  group = configs[0].group
   for i, other in enumerate(configs[1:], start=1):
-    clash = describe_differences(configs[0], other, "configs[0]", f"configs[{i}]",
-                                 PROCESS_WIDE_FIELDS)
-    if clash:
+    if other.group != group:
       raise EpConfigError(
-          f"jax_ep.{op}: the configs of one process must share "
-          f"{', '.join(PROCESS_WIDE_FIELDS)} (one EP group, and what the CUDA runtime holds "
-          f"once per process), but {clash}; give them the same values")
+          f"jax_ep.{op}: configs[{i}].group is {other.group!r} but configs[0].group is "
+          f"{group!r}: one process has one EP group; build every layer's EpConfig with the "
+          "same EpGroup")
+  return group

@@ -1,6 +1,6 @@
 """EP groups on a mesh: which devices exchange tokens with which.
 
-The EP axes (``EpConfig.axis_name``: one mesh axis or a tuple of them, in mesh
+The EP axes (``EpGroup.axis_name``: one mesh axis or a tuple of them, in mesh
 order) span one EP group for every coordinate of the other axes. Inside a
 group, a device's EP rank is its linearised index over the EP axes, the first
 axis major: what ``jax.lax.axis_index(axes)`` returns inside ``shard_map``.
@@ -28,15 +28,15 @@ def check_axes(mesh: jax.sharding.Mesh, axes: tuple[str, ...]) -> None:
   """Raises EpConfigError unless `axes` are distinct axes of `mesh`, in mesh order."""
   missing = [a for a in axes if a not in mesh.axis_names]
   if missing:
-    raise EpConfigError(f"EpConfig.axis_name {axes if len(axes) > 1 else axes[0]!r}: "
+    raise EpConfigError(f"EpGroup.axis_name {axes if len(axes) > 1 else axes[0]!r}: "
                         f"{missing} not among the mesh axes {mesh.axis_names}")
   if len(set(axes)) != len(axes):
-    raise EpConfigError(f"EpConfig.axis_name {axes!r} repeats an axis")
+    raise EpConfigError(f"EpGroup.axis_name {axes!r} repeats an axis")
   positions = [mesh.axis_names.index(a) for a in axes]
   if positions != sorted(positions):
     in_order = tuple(a for a in mesh.axis_names if a in axes)
     raise EpConfigError(
-        f"EpConfig.axis_name {axes!r} must list its axes in mesh order, {in_order!r}: the EP "
+        f"EpGroup.axis_name {axes!r} must list its axes in mesh order, {in_order!r}: the EP "
         "rank is the index linearised over them, first axis major")
 
 

@@ -22,7 +22,7 @@ was compiled with.
 
 CUDA backend: the mask also lives in device memory, read by the LL kernels on
 every call: a masked rank is not waited for, not written to, and its rows and
-experts are left out. With ``EpConfig(mask_on_timeout=True)`` an LL wait that
+experts are left out. With ``EpGroup(mask_on_timeout=True)`` an LL wait that
 times out masks its peer instead of recording a fault; ``masked_ranks()`` then
 includes it (read from host-mapped memory, without a GPU sync).
 

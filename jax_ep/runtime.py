@@ -28,7 +28,7 @@ from jax_ep import masking
 from jax_ep.backends.base import Backend
 from jax_ep.backends.cuda import CudaBackend
 from jax_ep.backends.xla import XlaBackend
-from jax_ep.config import EpConfig, check_compatible, differences, describe_differences
+from jax_ep.config import EpConfig, check_same_group, differences, describe_differences
 from jax_ep.errors import EpConfigError, EpError
 
 BACKENDS = ("auto", "xla", "cuda")
@@ -130,7 +130,7 @@ def _choose_backend(requested: str, mesh: jax.sharding.Mesh) -> str:
 
 def _as_configs(configs: EpConfig | Sequence[EpConfig], op: str) -> tuple[EpConfig, ...]:
   """One config or a sequence of them -> a tuple of distinct configs, in order,
-  checked to share config.PROCESS_WIDE_FIELDS."""
+  checked to share one EpGroup."""
   given = (configs,) if isinstance(configs, EpConfig) else configs
   if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
     raise EpConfigError(f"jax_ep.{op}() needs an EpConfig or a sequence of them, got "
@@ -141,7 +141,7 @@ def _as_configs(configs: EpConfig | Sequence[EpConfig], op: str) -> tuple[EpConf
   distinct = tuple(dict.fromkeys(given))
   if not distinct:
     raise EpConfigError(f"jax_ep.{op}() needs at least one EpConfig")
-  check_compatible(distinct, op)
+  check_same_group(distinct, op)
   return distinct
 
 
@@ -161,12 +161,12 @@ def initialize(config: EpConfig | Sequence[EpConfig], mesh: jax.sharding.Mesh, *
   ``config``: the EpConfig, or a sequence of every EpConfig, that ops will be
   traced with in this process (e.g. ``initialize((train, decode), mesh)``);
   each call replaces the previous set, so pass them all in one call. They must
-  share ``axis_name``, ``timeout_s``, ``mask_on_timeout`` and ``num_sms``
-  (config.PROCESS_WIDE_FIELDS); sizes, enable_* flags, debug_checks and
-  fallback may differ. On CUDA one set of symmetric buffers serves them all,
-  sized for the element-wise maximum of their sizes (jax_ep.buffers
-  sizing_config; jax_ep.buffer_bytes((a, b), R) gives its bytes), and every
-  kernel runs with its own call's sizes.
+  share one ``group`` (jax_ep.EpGroup: one process has one EP group); sizes,
+  enable_* flags, debug_checks and fallback may differ, as long as they fit
+  the buffers. On CUDA one set of symmetric buffers serves them all, sized for
+  the element-wise maximum of their sizes (jax_ep.buffers sizing_config;
+  jax_ep.buffer_bytes((a, b), R) gives its bytes), and every kernel runs with
+  its own call's sizes.
 
   Picks the backend (``backend=`` or env ``JAX_EP_BACKEND``: "auto" (default),
   "cuda" or "xla"; auto takes the CUDA kernels when the mesh is on GPUs and
@@ -179,7 +179,7 @@ def initialize(config: EpConfig | Sequence[EpConfig], mesh: jax.sharding.Mesh, *
 
   Raises:
     EpConfigError: the axes are not in the mesh, E is not a multiple of R, or
-      the configs differ in a field they must share (the message names it).
+      the configs' groups differ (the message names both EpGroups).
     EpError: the chosen backend cannot start (the message says why).
   """
   configs = _as_configs(config, "initialize")

@@ -1,7 +1,7 @@
 // How fast can a few multiprocessors copy the HT rows at one rank? The HT
 // dispatch at EP1 copies 4096 rows of 14336 bytes (hidden 7168, bf16) from x to
 // its output; the combine copies them back in another order. Both run on 24 SMs
-// (EpConfig.num_sms). This times copy designs of the same 58.7 MB on a given
+// (EpGroup.num_sms). This times copy designs of the same 58.7 MB on a given
 // number of blocks (one per SM), each launched 20 times on one stream after 5
 // warm-ups, 7 times over; the median per launch, in us and in TB/s counting
 // bytes read plus bytes written. Every result is checked against the source.

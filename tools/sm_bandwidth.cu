@@ -1,5 +1,5 @@
 // How many bytes can one multiprocessor move per second, and through which
-// port is it capped? The HT kernels at few SMs (EpConfig.num_sms = 4..8) are
+// port is it capped? The HT kernels at few SMs (EpGroup.num_sms = 4..8) are
 // limited by this, not by HBM: a 24-SM copy of the HT rows reaches about 45 GB/s
 // of rows per SM whatever its design (tools/copy_bandwidth.cu). This times, on
 // 1 to 24 blocks (one per SM), the same 4096 rows of 14336 bytes (58.7 MB):

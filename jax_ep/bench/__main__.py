@@ -62,7 +62,7 @@ flags.DEFINE_bool("layouts", False, "ht: also time the expert-major layout (BF16
                   "dispatch, BF16 combine; A=1 and 128) against the token-major one and the "
                   "token-major one followed by a jnp sort, each expert-major row with its floor "
                   "(an XLA copy of its pair rows, the ratio in the row's note)")
-flags.DEFINE_list("sm_sweep", [], "ht: also time jax_ep at these SM budgets (EpConfig.num_sms)")
+flags.DEFINE_list("sm_sweep", [], "ht: also time jax_ep at these SM budgets (EpGroup.num_sms)")
 FLAGS = flags.FLAGS
 
 TIMING = ("in-graph slope: (median T(N) - median T(N/5)) / (N - N/5), T = wall time of one "

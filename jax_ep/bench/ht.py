@@ -66,7 +66,8 @@ class _Setup:
 def _setup(mesh, tokens: int, hidden: int, num_experts: int, num_topk: int, seed: int,
            num_sms: int | None) -> _Setup:
   config = jax_ep.EpConfig(num_experts=num_experts, hidden=hidden, max_tokens_per_rank=tokens,
-                           num_topk=num_topk, enable_low_latency=False, num_sms=num_sms)
+                           num_topk=num_topk, enable_low_latency=False,
+                           group=jax_ep.EpGroup(num_sms=num_sms))
   jax_ep.initialize(config, mesh)
   here = timing.ranks_here(mesh)
   rng = np.random.default_rng(seed + jax.process_index())
@@ -206,7 +207,7 @@ def run(tokens: int, hidden: int, num_experts: int, num_topk: int, num_calls: in
   the other numbers (single-shot unless XLA's decomposer is on, see
   ragged.needs_single_shot). ``sweep``: also jax_ep, the portable path and the
   bare exchange over tokens per rank 128..8192 (``meta.sweep``). ``sm_sweep``:
-  also jax_ep at each of these SM budgets (EpConfig.num_sms). ``baselines=False``:
+  also jax_ep at each of these SM budgets (EpGroup.num_sms). ``baselines=False``:
   jax_ep and the bare exchange only (quick A/B runs of kernel variants).
   ``layouts``: also the layout rows (layouts.py): expert-major (with the
   floors of its rows), token-major, and token-major followed by the user's jnp

@@ -102,7 +102,8 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
   """Rows (one per mode and system) and the run's settings; ``on_row`` gets the
   rows so far after each one (the caller saves them as it goes)."""
   ep = jax_ep.EpConfig(num_experts=experts, hidden=hidden, max_tokens_per_rank=tokens,
-                       num_topk=topk, axis_name="ep", enable_low_latency=False)
+                       num_topk=topk, group=jax_ep.EpGroup(axis_name="ep"),
+                       enable_low_latency=False)
   config = moe.MoeConfig(ep=ep, ffn_size=ffn)
   mesh = jax.make_mesh((1,), ("ep",), devices=jax.devices()[:1])
   jax_ep.initialize(ep, mesh)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from typing import Callable
 
@@ -129,8 +130,17 @@ def bits(a: np.ndarray) -> np.ndarray:
   return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
 
 
+def ep_config(**kwargs) -> jax_ep.EpConfig:
+  """An EpConfig from one flat set of keywords: EpGroup's fields (axis_name,
+  timeout_s, mask_on_timeout, num_sms) go into its group, the rest to EpConfig."""
+  group_fields = {f.name for f in dataclasses.fields(jax_ep.EpGroup)}
+  group = jax_ep.EpGroup(**{k: v for k, v in kwargs.items() if k in group_fields})
+  return jax_ep.EpConfig(**{k: v for k, v in kwargs.items() if k not in group_fields},
+                         group=group)
+
+
 def setup(num_ranks: int, **config_kwargs) -> tuple[jax_ep.EpConfig, jax.sharding.Mesh]:
-  config = jax_ep.EpConfig(**config_kwargs)
+  config = ep_config(**config_kwargs)
   mesh = make_mesh(num_ranks)
   jax_ep.initialize(config, mesh)
   return config, mesh

@@ -484,7 +484,7 @@ def test_ep_groups_lower_to_the_kernels_with_the_group_size(axes, partial):
   mesh = jax.make_mesh((2, 4), ("data", "expert"), devices=jax.devices()[:8])
   num_ranks = 8 if isinstance(axes, tuple) else 4
   config = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=8, num_topk=4,
-                           axis_name=axes, fallback="error")
+                           group=jax_ep.EpGroup(axis_name=axes), fallback="error")
 
   def fn(x, idx, w):
     d = jax_ep.dispatch(x, idx, w, config=config)

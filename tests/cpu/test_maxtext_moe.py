@@ -153,7 +153,7 @@ def test_moe_layer_matches_maxtext_routed_moe(case):
 
   router = router_from_maxtext(**{k: v for k, v in overrides.items() if k in ROUTER_KEYS})
   ep = jax_ep.EpConfig(num_experts=EXPERTS, hidden=EMB, max_tokens_per_rank=tokens // RANKS,
-                       num_topk=TOPK, axis_name="ep")
+                       num_topk=TOPK, group=jax_ep.EpGroup(axis_name="ep"))
   config = moe.MoeConfig(ep=ep, ffn_size=MLP, activation="swiglu", router=router)
   params = params_from_maxtext(**weights)
   x2 = x.reshape(tokens, EMB)

@@ -89,7 +89,7 @@ def test_every_group_matches_its_own_host_oracle(shape, names, axes):
   mesh = _mesh(shape, names)
   num_ranks = groups.group_size(mesh, groups.ep_axes(axes))
   config = jax_ep.EpConfig(num_experts=E_LOCAL * num_ranks, hidden=H, max_tokens_per_rank=T,
-                           num_topk=K, axis_name=axes)
+                           num_topk=K, group=jax_ep.EpGroup(axis_name=axes))
   jax_ep.initialize(config, mesh)
   x, idx, w = _inputs(mesh.devices.size, config.num_experts, seed=7 * num_ranks + len(names))
 
@@ -129,7 +129,7 @@ def test_gradients_per_group_equal_the_one_axis_mesh_of_the_group(shape, names, 
   mesh = _mesh(shape, names)
   num_ranks = groups.group_size(mesh, groups.ep_axes(axes))
   kwargs = dict(num_experts=E_LOCAL * num_ranks, hidden=H, max_tokens_per_rank=T, num_topk=K)
-  config = jax_ep.EpConfig(**kwargs, axis_name=axes)
+  config = jax_ep.EpConfig(**kwargs, group=jax_ep.EpGroup(axis_name=axes))
   x, idx, w = _inputs(mesh.devices.size, config.num_experts, seed=99)
   cot = random_rows(np.random.default_rng(5), (mesh.devices.size, T, H), jnp.float32)
 
@@ -152,7 +152,7 @@ def test_gradients_per_group_equal_the_one_axis_mesh_of_the_group(shape, names, 
   for members in _groups(mesh, axes):
     one_axis = jax.make_mesh((num_ranks,), ("ep",),
                              devices=[mesh.devices.flat[i] for i in members])
-    alone = jax_ep.EpConfig(**kwargs, axis_name="ep")
+    alone = jax_ep.EpConfig(**kwargs, group=jax_ep.EpGroup(axis_name="ep"))
     jax_ep.initialize(alone, one_axis)
     want = _run(grads(alone), one_axis, x[members], idx[members], w[members], cot[members])
     for a, b, name in zip(got, want, ("grad x", "grad w")):
@@ -169,7 +169,7 @@ def test_shard_map_over_the_ep_axis_alone_runs_each_group(axis_type):
   mesh = jax.make_mesh((2, 4), ("data", "expert"), devices=jax.devices()[:8],
                        axis_types=(types[axis_type],) * 2)
   config = jax_ep.EpConfig(num_experts=16, hidden=H, max_tokens_per_rank=T, num_topk=K,
-                           axis_name="expert")
+                           group=jax_ep.EpGroup(axis_name="expert"))
   jax_ep.initialize(config, mesh)
   x, idx, w = _inputs(8, config.num_experts, seed=11)
 
@@ -203,7 +203,7 @@ def test_shard_map_over_the_ep_axis_alone_runs_each_group(axis_type):
 def test_split_ops_need_every_axis_manual():
   mesh = jax.make_mesh((2, 4), ("data", "expert"), devices=jax.devices()[:8])
   config = jax_ep.EpConfig(num_experts=16, hidden=H, max_tokens_per_rank=T, num_topk=K,
-                           axis_name="expert")
+                           group=jax_ep.EpGroup(axis_name="expert"))
   jax_ep.initialize(config, mesh)
   x, idx, _ = _inputs(8, config.num_experts, seed=3)
   args = [jax.device_put(a.reshape((-1,) + a.shape[2:]), NamedSharding(mesh, P(("expert",

@@ -25,7 +25,8 @@ RANKS, TOKENS = 4, 8
 
 
 def _ep_config(**kwargs):
-  base = dict(num_experts=8, hidden=128, max_tokens_per_rank=TOKENS, num_topk=2, axis_name="ep")
+  base = dict(num_experts=8, hidden=128, max_tokens_per_rank=TOKENS, num_topk=2,
+              group=jax_ep.EpGroup(axis_name="ep"))
   base.update(kwargs)
   return jax_ep.EpConfig(**base)
 
@@ -135,7 +136,7 @@ def test_layer_on_a_data_by_expert_mesh_matches_dense_float64():
   """Tokens split over data x expert, experts over expert alone (an EP group per data
   coordinate); gradients of the global loss, the expert weights' summed over data."""
   ep = jax_ep.EpConfig(num_experts=8, hidden=128, max_tokens_per_rank=TOKENS, num_topk=2,
-                       axis_name="expert")
+                       group=jax_ep.EpGroup(axis_name="expert"))
   config = moe.MoeConfig(ep=ep, ffn_size=32, shared_ffn_size=16)
   mesh = jax.make_mesh((2, 2), ("data", "expert"), devices=jax.devices()[:4])
   jax_ep.initialize(ep, mesh)

@@ -170,18 +170,6 @@ def test_a_handle_of_another_config_names_only_the_differing_fields():
   assert "EpConfig(" not in message and "axis_name" not in message
 
 
-@pytest.mark.parametrize("field,value", [("timeout_s", 5.0), ("mask_on_timeout", True),
-                                         ("num_sms", 8), ("axis_name", "data")])
-def test_configs_must_share_the_process_wide_fields(field, value):
-  other = dataclasses.replace(DECODE, **{field: value})
-  with pytest.raises(jax_ep.EpConfigError) as error:
-    jax_ep.initialize((TRAIN, other), make_mesh(R))
-  message = str(error.value)
-  assert f"{field}: {getattr(TRAIN, field)!r} (configs[0]) vs {value!r} (configs[1])" in message
-  assert "hidden" not in message.split(" but ")[1], message  # only the shared fields compared
-  assert jax_ep.runtime_state() is None
-
-
 def test_a_config_the_group_cannot_split_is_refused_at_initialize():
   odd = dataclasses.replace(DECODE, num_experts=6)
   with pytest.raises(jax_ep.EpConfigError, match=r"num_experts \(6\) must be divisible"):
@@ -194,10 +182,10 @@ def test_a_config_the_group_cannot_split_is_refused_at_initialize():
 
 # ------------------------------------------------------------------ CUDA buffers
 HT_ONLY = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=64, num_topk=4,
-                          enable_low_latency=False, num_sms=8)
+                          enable_low_latency=False, group=jax_ep.EpGroup(num_sms=8))
 LL_ONLY = jax_ep.EpConfig(num_experts=32, hidden=128, max_tokens_per_rank=512, num_topk=8,
                           low_latency_max_tokens_per_rank=16, enable_high_throughput=False,
-                          num_sms=8, fallback="error", debug_checks=True)
+                          group=jax_ep.EpGroup(num_sms=8), fallback="error", debug_checks=True)
 
 
 def test_the_buffers_are_sized_for_the_largest_of_each_size():

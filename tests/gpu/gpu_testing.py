@@ -35,7 +35,7 @@ ON_CPU = os.environ.get("JAX_EP_GPU_TESTS_ON_CPU") == "1"
 BF16 = hr.BFLOAT16
 F32 = np.float32
 
-# EpConfig.timeout_s of the tests: with processes sharing a GPU the kernels of
+# EpGroup.timeout_s of the tests: with processes sharing a GPU the kernels of
 # different processes take turns (time slices), so waits last longer.
 TIMEOUT_S = 30.0
 SHARED_GPU_TIMEOUT_S = 120.0
@@ -112,6 +112,16 @@ def setup(**config_kwargs) -> tuple[jax_ep.EpConfig, jax.sharding.Mesh]:
   return setup_mesh(mesh, **config_kwargs), mesh
 
 
+def ep_config(**kwargs) -> jax_ep.EpConfig:
+  """An EpConfig from one flat set of keywords: EpGroup's fields (axis_name,
+  timeout_s, mask_on_timeout, num_sms) go into its group, the rest to EpConfig,
+  so the tests' setup(...) calls name every field alike."""
+  group_fields = {f.name for f in dataclasses.fields(jax_ep.EpGroup)}
+  group = jax_ep.EpGroup(**{k: v for k, v in kwargs.items() if k in group_fields})
+  return jax_ep.EpConfig(**{k: v for k, v in kwargs.items() if k not in group_fields},
+                         group=group)
+
+
 def setup_mesh(mesh: jax.sharding.Mesh, **config_kwargs) -> jax_ep.EpConfig:
   """initialize() for a config on `mesh`; on CUDA with fallback="error" (unless
   given), so an op that would take the portable path (an XLA collective) fails
@@ -119,7 +129,7 @@ def setup_mesh(mesh: jax.sharding.Mesh, **config_kwargs) -> jax_ep.EpConfig:
   if not ON_CPU:
     config_kwargs.setdefault("fallback", "error")
   config_kwargs.setdefault("timeout_s", SHARED_GPU_TIMEOUT_S if gpus_shared() else TIMEOUT_S)
-  config = jax_ep.EpConfig(**config_kwargs)
+  config = ep_config(**config_kwargs)
   jax_ep.initialize(config, mesh)
   assert jax_ep.runtime_state().backend_name == ("xla" if ON_CPU else "cuda")
   return config

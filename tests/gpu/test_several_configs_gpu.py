@@ -18,8 +18,8 @@ from gpu_testing import (BF16, F32, SHARED_GPU_TIMEOUT_S, TIMEOUT_S, assert_bitw
 
 def _configs():
   r = num_ranks()
-  common = dict(fallback="error",
-                timeout_s=SHARED_GPU_TIMEOUT_S if gpus_shared() else TIMEOUT_S)
+  group = jax_ep.EpGroup(timeout_s=SHARED_GPU_TIMEOUT_S if gpus_shared() else TIMEOUT_S)
+  common = dict(fallback="error", group=group)  # one EP group, two layers' sizes
   # Every size differs, neither is the larger in all of them (the buffers are
   # sized for E, T and T_ll of the first, H and K of the second). The second's
   # E is still >= its K at one rank.

@@ -19,7 +19,7 @@ import jax
 
 PREFIX = "jax_ep_schedule_fuzz"
 # A program may take long where processes share a GPU, and a timed-out kernel
-# waits EpConfig.timeout_s before it records the fault: wait generously.
+# waits EpGroup.timeout_s before it records the fault: wait generously.
 TIMEOUT_MS = 30 * 60 * 1000
 
 
