@@ -62,7 +62,9 @@ class MoeConfig:
       "ll" (the low-latency ops: decoding; at most ep.ll_max_tokens tokens).
     fp8: dispatch FP8 rows (H a multiple of 128).
     capacity: HT only, the expert-major row count M (None: the worst case,
-      nothing dropped); pairs past it are dropped and counted.
+      nothing dropped, a multiple of the row tile); pairs past it are dropped
+      and counted. On the Pallas kernels an M off their row tiling costs a
+      zero-padded copy of the rows per product.
     gmm: how the expert GEMMs run (GroupedMatmulConfig); its forward row tile
       is the expert-major dispatch's alignment.
     stats_axes: mesh axes to sum the routing statistics over before the
