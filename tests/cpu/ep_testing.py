@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 from typing import Callable
 
@@ -14,6 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
+from ep_configs import ep_config
 
 
 def make_mesh(num_ranks: int, axis: str = "ep") -> jax.sharding.Mesh:
@@ -128,15 +128,6 @@ def bits(a: np.ndarray) -> np.ndarray:
   if a.dtype.kind in "iub":
     return a
   return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
-
-
-def ep_config(**kwargs) -> jax_ep.EpConfig:
-  """An EpConfig from one flat set of keywords: EpGroup's fields (axis_name,
-  timeout_s, mask_on_timeout, num_sms) go into its group, the rest to EpConfig."""
-  group_fields = {f.name for f in dataclasses.fields(jax_ep.EpGroup)}
-  group = jax_ep.EpGroup(**{k: v for k, v in kwargs.items() if k in group_fields})
-  return jax_ep.EpConfig(**{k: v for k, v in kwargs.items() if k not in group_fields},
-                         group=group)
 
 
 def setup(num_ranks: int, **config_kwargs) -> tuple[jax_ep.EpConfig, jax.sharding.Mesh]:

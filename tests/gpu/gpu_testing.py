@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 import jax_ep
 from jax_ep import launch
 import host_reference as hr
+from ep_configs import ep_config
 
 # The suite's logic may run on CPU processes with the portable backend
 # (JAX_EP_GPU_TESTS_ON_CPU=1 JAX_PLATFORMS=cpu); the kernels need GPUs.
@@ -110,16 +111,6 @@ def setup(**config_kwargs) -> tuple[jax_ep.EpConfig, jax.sharding.Mesh]:
   """initialize() for a config on the EP axis over every process (ep_mesh)."""
   mesh = ep_mesh()
   return setup_mesh(mesh, **config_kwargs), mesh
-
-
-def ep_config(**kwargs) -> jax_ep.EpConfig:
-  """An EpConfig from one flat set of keywords: EpGroup's fields (axis_name,
-  timeout_s, mask_on_timeout, num_sms) go into its group, the rest to EpConfig,
-  so the tests' setup(...) calls name every field alike."""
-  group_fields = {f.name for f in dataclasses.fields(jax_ep.EpGroup)}
-  group = jax_ep.EpGroup(**{k: v for k, v in kwargs.items() if k in group_fields})
-  return jax_ep.EpConfig(**{k: v for k, v in kwargs.items() if k not in group_fields},
-                         group=group)
 
 
 def setup_mesh(mesh: jax.sharding.Mesh, **config_kwargs) -> jax_ep.EpConfig:
