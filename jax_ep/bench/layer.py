@@ -40,7 +40,7 @@ def _maxtext_layer(gemm, topk: int):
   def layer(params, x):
     num_tokens, hidden = x.shape
     num_experts = params["w_in"].shape[0]
-    logits = x.astype(F32) @ params["router"]
+    logits = jnp.matmul(x.astype(F32), params["router"], precision=jax.lax.Precision.HIGHEST)
     weights, idx = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), topk)
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     flat = idx.reshape(-1)

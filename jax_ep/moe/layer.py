@@ -3,7 +3,7 @@
 Per shard (one EP rank; the batch split over every mesh axis, the experts over
 the EP axes of ``config.ep``):
 
-  logits  = x @ router                                 float32 [T, E]
+  logits  = x @ router                                 float32 [T, E] (full float32)
   routing = route(logits)                              (jax_ep/moe/routing.py)
   HT (training, prefill):
     d  = jax_ep.dispatch(x, idx, weights, layout="expert_major",
@@ -200,7 +200,10 @@ def moe_layer(params: Params, x: jax.Array, *, config: MoeConfig) -> MoeOutput:
   """
   num_ranks = ep_size(config)
   check_inputs(params, x, config, num_ranks)
-  logits = jnp.matmul(x.astype(F32), params["router"].astype(F32))
+  # Full float32 (HIGHEST): at DEFAULT a GPU runs float32 matmuls in TF32, whose
+  # ~1e-3 relative error in the logits flips near-tied experts (and tokens' routes).
+  logits = jnp.matmul(x.astype(F32), params["router"].astype(F32),
+                      precision=jax.lax.Precision.HIGHEST)
   routed = routing.route(logits, config.ep.num_topk, config.router, params.get("router_bias"))
   if config.exchange == "ht":
     y, tokens_per_expert, dropped = _routed_ht(params, x, routed, config)
