@@ -24,6 +24,8 @@ times the number of stages of the backward pass (STAGES again).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,30 +34,79 @@ STAGES = 6
 LIPSCHITZ = 1.15
 
 
-def _route(logits, router_cfg, num_topk, bias):
+def _selection(logits, router_cfg, bias):
+  """(scores [T, E], choice [T, E]: what top-k ranks, the experts of unkept groups at
+  -inf; group_scores [T, G] or None: what the group top-k ranks)."""
   e = logits.shape[1]
   if router_cfg.score_function == "softmax":
     scores = jnp.exp(logits - logits.max(axis=1, keepdims=True))
     scores = scores / scores.sum(axis=1, keepdims=True)
-    probs = scores
   else:
     scores = 1.0 / (1.0 + jnp.exp(-logits))
-    probs = scores / scores.sum(axis=1, keepdims=True)
   choice = jax.lax.stop_gradient(scores)
   if router_cfg.selection_bias:
     choice = choice + bias[None, :]
+  group_scores = None
   if router_cfg.num_groups > 1:
     g = router_cfg.num_groups
     grouped = choice.reshape(choice.shape[0], g, e // g)
-    top2 = -jnp.sort(-grouped, axis=2)[:, :, :min(2, e // g)].sum(axis=2)
-    keep = jnp.argsort(-top2, axis=1, stable=True)[:, :router_cfg.topk_groups]
+    group_scores = -jnp.sort(-grouped, axis=2)[:, :, :min(2, e // g)].sum(axis=2)
+    keep = jnp.argsort(-group_scores, axis=1, stable=True)[:, :router_cfg.topk_groups]
     mask = jnp.any(jnp.arange(g)[None, :, None] == keep[:, None, :], axis=2)
     choice = jnp.where(jnp.repeat(mask, e // g, axis=1), choice, -jnp.inf)
+  return scores, choice, group_scores
+
+
+def _route(logits, router_cfg, num_topk, bias):
+  scores, choice, _ = _selection(logits, router_cfg, bias)
   idx = jnp.argsort(-choice, axis=1, stable=True)[:, :num_topk]
   weights = jnp.take_along_axis(scores, idx, axis=1)
   if router_cfg.normalize_weights:
     weights = weights / (weights.sum(axis=1, keepdims=True) + 1e-20)
   return idx, weights * router_cfg.routed_scaling_factor
+
+
+def selection_margin(params: dict, x: np.ndarray, config) -> float:
+  """How clearly float32 logits decide each token's experts and their order: the
+  smallest ratio, over tokens, of the gap between adjacent values of what the top-k
+  ranks (its K+1 largest choices; with groups, its topk_groups+1 largest group
+  scores) to the float32 logits' error in those values. Below 1, the layer and this
+  oracle may choose differently (routing is discontinuous), and the gradients of
+  the expert weights then differ by a whole token's contribution.
+
+  The error: a float32 dot of H terms carries about sqrt(H) 2^-24 sum|x_i r_i|
+  (rounding errors of random sign; the worst case has H for sqrt(H)); a gap
+  between two values moves by twice that. Softmax without bias or groups ranks
+  as its logits do, so their gaps are measured; otherwise the choice values',
+  which move by at most 2 max|d logit| (softmax, sigmoid <= 1/4; a group score
+  sums two)."""
+  with jax.enable_x64(True), jax.default_device(jax.local_devices(backend="cpu")[0]):
+    x64 = jnp.asarray(np.asarray(x, np.float32), jnp.float64)
+    router = jnp.asarray(np.asarray(params["router"], np.float32), jnp.float64)
+    bias = params.get("router_bias")
+    bias = None if bias is None else jnp.asarray(np.asarray(bias, np.float32), jnp.float64)
+    logits = x64 @ router
+    _, choice, group_scores = _selection(logits, config.router, bias)
+    logit_error = np.max(np.sqrt(x.shape[1]) * 2.0**-24
+                         * np.asarray(jnp.abs(x64) @ jnp.abs(router)), axis=1)
+    cfg = config.router
+    if cfg.score_function == "softmax" and not cfg.selection_bias and cfg.num_groups <= 1:
+      choice, error = logits, 2 * logit_error
+    else:
+      error = 2 * 2 * logit_error
+    ratio = np.inf
+    for values, kept in ((choice, config.ep.num_topk),
+                         (group_scores, config.router.topk_groups)):
+      if values is None:
+        continue
+      top = -np.sort(-np.asarray(values), axis=1)[:, :kept + 1]
+      top = np.where(np.isfinite(top), top, -np.inf)
+      with np.errstate(invalid="ignore"):
+        gaps = top[:, :-1] - top[:, 1:]
+      gaps = np.where(np.isnan(gaps), np.inf, gaps)     # both unkept: no decision
+      if gaps.size:
+        ratio = min(ratio, float(np.min(np.min(gaps, axis=1) / error)))
+    return ratio
 
 
 def _mlp(x, w_in, w_out, activation, magnitude=False):
@@ -113,16 +164,28 @@ def reference(params: dict, x: np.ndarray, config, tokens: slice, dy: np.ndarray
   with jax.enable_x64(True), jax.default_device(cpu):
     p64 = {k: jnp.asarray(np.asarray(v, np.float32), jnp.float64) for k, v in params.items()}
     x64 = jnp.asarray(np.asarray(x, np.float32)[tokens], jnp.float64)
-    y, idx, weights = dense_layer(p64, x64, config)
-    y_abs = _experts({k: jnp.abs(v) for k, v in p64.items()}, jnp.abs(x64), idx, weights,
-                     config, magnitude=True)
+    y, y_abs, idx = _forward(p64, x64, config)
     grads = None
     if dy is not None:
-      def loss(p, xx):
-        return jnp.sum(dense_layer(p, xx, config)[0] * jnp.asarray(dy, jnp.float64))
-      g_params, g_x = jax.grad(loss, argnums=(0, 1))(p64, x64)
+      g_params, g_x = _gradients(p64, x64, jnp.asarray(dy, jnp.float64), config)
       grads = ({k: np.asarray(v) for k, v in g_params.items()}, np.asarray(g_x))
     return np.asarray(y), np.asarray(y_abs), idx, grads
+
+
+# Compiled (the config static): op-by-op, the float64 gradients took seconds per call.
+@functools.partial(jax.jit, static_argnums=(2,))
+def _forward(p64, x64, config):
+  y, idx, weights = dense_layer(p64, x64, config)
+  y_abs = _experts({k: jnp.abs(v) for k, v in p64.items()}, jnp.abs(x64), idx, weights,
+                   config, magnitude=True)
+  return y, y_abs, idx
+
+
+@functools.partial(jax.jit, static_argnums=(3,))
+def _gradients(p64, x64, dy64, config):
+  def loss(p, xx):
+    return jnp.sum(dense_layer(p, xx, config)[0] * dy64)
+  return jax.grad(loss, argnums=(0, 1))(p64, x64)
 
 
 def check_close(name: str, got, exact, constant: float, magnitude) -> None:
