@@ -16,6 +16,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 try:
@@ -54,6 +55,9 @@ class MoeLayer(nnx.Module):
     specs = param_specs(config)
     for name, value in init_params(config, rngs.params(), param_dtype).items():
       kind = RouterBias if name == "router_bias" else nnx.Param
+      # Placed here, not left to Flax: with flax_always_shard_variable off (importing
+      # MaxText turns it off) the metadata alone would leave the arrays on one device.
+      value = jax.device_put(value, NamedSharding(mesh, P(*_names(specs[name], value.ndim))))
       setattr(self, name, kind(value, out_sharding=_names(specs[name], value.ndim), mesh=mesh))
 
   def parameters(self) -> dict[str, jax.Array]:
