@@ -279,7 +279,7 @@ one_gpu_layer_bench() {
         --out_dir "$OUT" ${LAYER_BENCH_ARGS:-} > "$log" 2>&1
     rc=$?
     note "bench --mode $mode (EP1, one process) rc=$rc"
-    grep -E "^(forward|gate_up|down) " "$log" | tee -a "$SUMMARY"
+    grep -E "^(forward|forward_backward|gate_up|down) " "$log" | tee -a "$SUMMARY"
     [ "$rc" -ne 0 ] && status=1 && grep -v "^[IW][0-9]\{4\} " "$log" | tail -15
     json=$(sed -n 's/^results: //p' "$log" | tail -1)
     # A run stopped by its time limit leaves its JSON of the rows so far ("complete": false).

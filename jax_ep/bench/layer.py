@@ -83,9 +83,13 @@ def _floor(topk: int):
 
 
 def _forward_backward(fn):
-  def run(params, x):
+  """The gradients of sum(y * dy) for a random dy given as an argument: with the
+  plain sum(y), y's cotangent is a broadcast constant, from which XLA may simplify
+  a dense floor's backward GEMMs (a product with ones is a row sum) but not the
+  kernels' (custom calls), and the floor would not be one."""
+  def run(params, x, dy):
     def loss(p, xx):
-      return jnp.sum(fn(p, xx).astype(F32))
+      return jnp.sum(fn(p, xx).astype(F32) * dy.astype(F32))
     return jax.grad(loss, argnums=(0, 1))(params, x)
   return run
 
@@ -107,32 +111,40 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
   config = moe.MoeConfig(ep=ep, ffn_size=ffn)
   mesh = jax.make_mesh((1,), ("ep",), devices=jax.devices()[:1])
   jax_ep.initialize(ep, mesh)
-  key_params, key_x = jax.random.split(jax.random.key(seed))
+  key_params, key_x, key_dy = jax.random.split(jax.random.key(seed), 3)
   params = moe.init_params(config, key_params, dtype=BF16)
   x = jax.random.normal(key_x, (tokens, hidden), F32).astype(BF16)
+  # y's cotangent; the floor's y is one row per pair, its cotangent too.
+  dy = jax.random.normal(key_dy, (tokens, hidden), F32).astype(BF16)
+  dy_pairs = jax.random.normal(key_dy, (tokens * topk, hidden), F32).astype(BF16)
   specs = moe.param_specs(config)
   placed = {k: jax.device_put(v, NamedSharding(mesh, specs[k])) for k, v in params.items()}
   x_placed = jax.device_put(x, NamedSharding(mesh, P("ep")))
+  dy_placed = jax.device_put(dy, NamedSharding(mesh, P("ep")))
 
   @functools.partial(jax.shard_map, mesh=mesh, in_specs=(specs, P("ep")), out_specs=P("ep"))
   def jax_ep_layer(p, xx):
     return moe.moe_layer(p, xx, config=config).y
 
+  # (name, function, its forward arguments, y's cotangent for the forward+backward)
   systems = [
-      ("jax_ep.moe (HT expert-major, grouped_matmul)", jax_ep_layer, (placed, x_placed)),
-      ("MaxText algorithm, jax.lax.ragged_dot", _maxtext_layer(_lax_gemm, topk), (params, x)),
+      ("jax_ep.moe (HT expert-major, grouped_matmul)", jax_ep_layer, (placed, x_placed),
+       dy_placed),
+      ("MaxText algorithm, jax.lax.ragged_dot", _maxtext_layer(_lax_gemm, topk), (params, x),
+       dy),
       ("MaxText algorithm, grouped_matmul", _maxtext_layer(moe.grouped_matmul, topk),
-       (params, x)),
+       (params, x), dy),
       ("floor: dense matmuls, same useful FLOPs", _floor(topk),
-       ({"w_in": params["w_in"][0], "w_out": params["w_out"][0]}, x)),
+       ({"w_in": params["w_in"][0], "w_out": params["w_out"][0]}, x), dy_pairs),
   ]
   pairs = tokens * topk
   flops = dict(forward=6.0 * pairs * hidden * ffn, forward_backward=18.0 * pairs * hidden * ffn)
   rows: list[dict] = []
   for mode in ("forward", "forward_backward"):
     floor_us = None
-    for name, fn, args in reversed(systems):        # the floor first: the ratios need it
+    for name, fn, args, cotangent in reversed(systems):   # the floor first: ratios need it
       timed = fn if mode == "forward" else _forward_backward(fn)
+      args = args if mode == "forward" else args + (cotangent,)
       skipped = mode == "forward_backward" and "ragged_dot" in name and not lax_backward
       if skipped:
         measured = single_device.Measured(None, error=LAX_BACKWARD_SKIPPED)
@@ -152,7 +164,7 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
       if on_row is not None:
         on_row(rows)
   meta = dict(tokens=tokens, hidden=hidden, ffn=ffn, experts=experts, topk=topk, seed=seed,
-              pairs=pairs, activation="swiglu", dtype="bfloat16", repeats=repeats,
+              pairs=pairs, backward_of="sum(y * dy), dy random bfloat16", activation="swiglu", dtype="bfloat16", repeats=repeats,
               useful_flops=flops, expert_alignment=config.gmm.row_alignment)
   meta["grouped_matmul"] = {p: v for p, v in vars(moe.grouped_matmul_plan(
       config.gmm, jax.ShapeDtypeStruct((pairs, hidden), BF16),
