@@ -25,13 +25,19 @@ def pytest_test(name, src, data = [], args = [], tags = [], size = "large", time
         **kwargs
     )
 
-def pytest_suite(name, srcs, data = [], **kwargs):
+def pytest_suite(name, srcs, data = [], shard_counts = {}, **kwargs):
     """One pytest_test per file of srcs (named after the file, without .py),
-    plus a test_suite `name` of all of them."""
+    plus a test_suite `name` of all of them. shard_counts: test name -> Bazel
+    shard_count (pytest_main.py deals the file's tests round-robin), for files
+    whose tests are long enough to be the run's critical path together."""
     tests = []
     for src in srcs:
         test_name = src[:-len(".py")] if src.endswith(".py") else src
         test_name = test_name.split("/")[-1].split(":")[-1]
-        pytest_test(name = test_name, src = src, data = data, **kwargs)
+        if test_name in shard_counts:
+            pytest_test(name = test_name, src = src, data = data,
+                        shard_count = shard_counts[test_name], **kwargs)
+        else:
+            pytest_test(name = test_name, src = src, data = data, **kwargs)
         tests.append(":" + test_name)
     native.test_suite(name = name, tests = tests)
