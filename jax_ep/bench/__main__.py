@@ -30,9 +30,11 @@ from jax_ep import launch
 if TYPE_CHECKING:
   from jax_ep.bench import measure
 
-flags.DEFINE_enum("mode", "ll", ["ll", "ht", "gmm", "layer"],
+flags.DEFINE_enum("mode", "ll", ["ll", "ht", "gmm", "layer", "network"],
                   "which kernels to benchmark: the exchange's (ll, ht), the expert GEMMs' "
-                  "(gmm) or a whole MoE layer's (layer); gmm and layer: one device, EP1")
+                  "(gmm) or a whole MoE layer's (layer); gmm and layer: one device, EP1; "
+                  "network: no device, the copies per token the HT exchange would send "
+                  "across nodes against a flat exchange's (network.py)")
 flags.DEFINE_integer("tokens", None, "tokens per rank (default: 128 for ll, DeepEP's LL "
                      "setting; 4096 for ht)")
 flags.DEFINE_integer("hidden", 7168, "hidden size")
@@ -43,6 +45,8 @@ flags.DEFINE_bool("layer_lax_backward", False, "layer: also time the forward+bac
                   "MaxText's algorithm on jax.lax.ragged_dot (XLA's dense lowering of its "
                   "weight gradient: at DeepSeek shapes it runs out of memory or waits in "
                   "XLA's allocator for minutes)")
+flags.DEFINE_list("nodes", ["2", "8"], "network: node counts of the EP groups")
+flags.DEFINE_integer("ranks_per_node", 8, "network: GPUs per node (one NVLink domain)")
 flags.DEFINE_bool("gmm_sweep", False, "gmm: also time the Pallas kernels at other tiles")
 flags.DEFINE_integer("topk", 8, "experts per token")
 flags.DEFINE_integer("num_calls", 50, "calls per long timed executable (the short one: 1/5)")
@@ -94,6 +98,26 @@ def chart_commands(path: str) -> list[str]:
   stem = os.path.splitext(path)[0]
   return [f"python -m benchmarks.{chart} {shlex.quote(path)} --out "
           f"{shlex.quote(stem + suffix + '.png')}" for chart, suffix in charts]
+
+
+def network_main(run_as: str) -> int:
+  """--mode network: pure numpy, no device; the table and the JSON."""
+  from jax_ep.bench import network, provenance, results  # pylint: disable=import-outside-toplevel
+  record = provenance.record(sys.argv, module=run_as)
+  rows, meta = network.run([int(n) for n in FLAGS.nodes], FLAGS.ranks_per_node,
+                           FLAGS.tokens or 4096, FLAGS.hidden, FLAGS.num_experts, FLAGS.topk,
+                           FLAGS.seed)
+  print(network.format_rows(rows, FLAGS.hidden))
+  path = FLAGS.out
+  if path is None and FLAGS.out_dir:
+    os.makedirs(FLAGS.out_dir, exist_ok=True)
+    path = provenance.free_path(FLAGS.out_dir, provenance.default_name(
+        "network", record["date"], record["commit"]["short"], record["commit"]["dirty"]))
+  if path:
+    results.write_json(path, dict(mode="network", **record, any_failed=False, meta=meta,
+                                  rows=rows))
+    print(f"results: {path}")
+  return 0
 
 
 def single_device_main(run_as: str) -> int:
@@ -160,6 +184,8 @@ def main(argv: Sequence[str], run_as: str = "jax_ep.bench",
   del argv
   if FLAGS.mode in ("gmm", "layer"):
     return single_device_main(run_as)
+  if FLAGS.mode == "network":
+    return network_main(run_as)
   if FLAGS.mode == "ht" and _RAGGED_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _RAGGED_FLAG).strip()
   launch.initialize_distributed_from_env()
