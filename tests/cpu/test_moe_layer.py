@@ -160,3 +160,39 @@ def test_layer_on_a_data_by_expert_mesh_matches_dense_float64():
   for name, grad in g_params.items():
     moe_oracle.check_close(f"grad {name}", grad, g64[name], constant * moe_oracle.STAGES,
                            np.max(np.abs(g64[name])))
+
+
+def test_router_logits_are_full_float32():
+  """The router's matmul asks for precision HIGHEST: at DEFAULT a GPU runs float32
+  matmuls in TF32, whose error in the logits flipped a near-tied expert in the
+  one-GPU suite at N = 4 (2026-12-07, docs/reliability.md)."""
+  ep = _ep_config()
+  config = moe.MoeConfig(ep=ep, ffn_size=16)
+  mesh = make_mesh(RANKS)
+  jax_ep.initialize(ep, mesh)
+  specs = moe.param_specs(config)
+  params = {k: jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, specs[k]))
+            for k, s in moe.global_shapes(config).items()}
+  x = jax.ShapeDtypeStruct((RANKS * TOKENS, 128), jnp.bfloat16,
+                           sharding=NamedSharding(mesh, P("ep")))
+  fn = jax.shard_map(lambda p, t: moe.moe_layer(p, t, config=config).y, mesh=mesh,
+                     in_specs=(specs, P("ep")), out_specs=P("ep"))
+  closed = jax.make_jaxpr(fn)(params, x)
+  router_dots = [eqn for eqn in _equations(closed.jaxpr) if eqn.primitive.name == "dot_general"
+                 and eqn.outvars[0].aval.shape == (TOKENS, ep.num_experts)
+                 and eqn.outvars[0].aval.dtype == jnp.float32]
+  assert router_dots, "no [T, E] float32 dot_general in the layer's jaxpr"
+  for eqn in router_dots:
+    assert eqn.params["precision"] in ((jax.lax.Precision.HIGHEST,) * 2,
+                                       jax.lax.Precision.HIGHEST), eqn.params["precision"]
+
+
+def _equations(jaxpr):
+  """Every equation of a jaxpr and of the jaxprs inside it (shard_map, pjit, ...)."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (list, tuple)) else (value,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from _equations(inner)
