@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+from jax_ep import fallbacks
 from jax_ep.errors import EpConfigError
 from jax_ep.group_config import EpGroup
 
 # Default token cap of the low-latency ops: decode batches are small, and the LL
 # buffers grow with it times E_local * R (DeepEP's LL benchmarks use 128).
 DEFAULT_LOW_LATENCY_MAX_TOKENS = 128
-FALLBACK_POLICIES = ("warn", "error", "allow")
+FALLBACK_POLICIES = fallbacks.POLICIES
 
 
 @dataclasses.dataclass(frozen=True)

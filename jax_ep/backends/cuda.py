@@ -21,10 +21,9 @@ from typing import Callable, TypeVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 
 from jax_ep import fp8 as fp8_lib
-from jax_ep import _extension
+from jax_ep import _extension, fallbacks
 from jax_ep._vma import match_vma, result_type
 from jax_ep.backends.base import Backend
 from jax_ep.backends.cuda_checks import (WhyNot, cotangent_unsupported,
@@ -72,25 +71,15 @@ def _call(op: str, results, *args, **attrs):
 
 
 # ---------------------------------------------------------------- fallbacks
-_announced: set[tuple[str, str]] = set()
-
-
 def portable_fallback(op: str, config: EpConfig, reason: str, fix: str) -> None:
   """Called when `op` is about to take the portable path for `reason` (at trace
   time): per ``config.fallback``, logs a warning the first time for this (op,
-  reason), raises EpConfigError, or does nothing."""
-  if config.fallback == "allow":
-    return
+  reason), raises EpConfigError, or does nothing (jax_ep/fallbacks.py)."""
   message = (f"jax_ep.{op}: the CUDA kernels cannot run this call ({reason}), so it takes the "
              f"portable path: an XLA all_to_all plus packing, several times slower. To stay on "
              f"the kernels: {fix}.")
-  if config.fallback == "error":
-    raise EpConfigError(f"{message} (EpConfig(fallback='warn') runs it on the portable path, "
-                        "with a warning.)")
-  if (op, reason) not in _announced:
-    _announced.add((op, reason))
-    logging.warning("%s This warning is shown once; EpConfig(fallback='error') makes it an "
-                    "error, fallback='allow' silences it.", message)
+  fallbacks.slower_path(config.fallback, ("exchange", op, reason), message, "EpConfig",
+                        "runs it on the portable path, with a warning")
 
 
 def _ll_ranks(op: str, config: EpConfig) -> int:

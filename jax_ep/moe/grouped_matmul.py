@@ -24,15 +24,15 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from absl import logging
 
+from jax_ep import fallbacks
 from jax_ep._vma import match_vma, vary_like
 from jax_ep.errors import EpConfigError
 from jax_ep.moe import gmm_impls
 from jax_ep.moe.gmm_impls import PallasTiles
 
 IMPLEMENTATIONS = ("auto", "pallas", "tokamax", "xla")
-FALLBACK_POLICIES = ("warn", "error", "allow")
+FALLBACK_POLICIES = fallbacks.POLICIES
 # The fastest of the tiles tried for all three products on one H100
 # (docs/results/gmm-sweep_2026-12-07_34f1b9a.json).
 MEASURED_TILES = PallasTiles(block_m=128, block_n=128, block_k=64, stages=4, grid_block_n=4)
@@ -97,21 +97,12 @@ class Plan:
             for product in gmm_impls.PRODUCTS}
 
 
-_announced: set[str] = set()
-
-
 def _announce(config: GroupedMatmulConfig, reason: str) -> None:
-  if config.fallback == "allow":
-    return
   message = (f"jax_ep.moe.grouped_matmul: {reason}, so it runs on jax.lax.ragged_dot, which "
              "XLA lowers on GPUs to a dense dot over zero-padded groups: as many times the "
              "FLOPs as there are groups, and a temporary that size.")
-  if config.fallback == "error":
-    raise EpConfigError(f"{message} (GroupedMatmulConfig(fallback='warn') runs it anyway.)")
-  if reason not in _announced:
-    _announced.add(reason)
-    logging.warning("%s This warning is shown once; GroupedMatmulConfig(fallback='error') "
-                    "makes it an error, fallback='allow' silences it.", message)
+  fallbacks.slower_path(config.fallback, ("grouped_matmul", reason), message,
+                        "GroupedMatmulConfig", "runs it anyway")
 
 
 def _devices() -> tuple[str, bool, str]:

@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
-from jax_ep import _extension
+from jax_ep import _extension, fallbacks
 from jax_ep.runtime import lowering_only
 
 CONFIG = jax_ep.EpConfig(num_experts=16, hidden=256, max_tokens_per_rank=8, num_topk=4)
@@ -366,9 +366,8 @@ def test_more_ranks_than_the_ht_kernels_serve_is_a_stated_reason():
 
 
 def test_fallback_warns_once_per_op_and_reason(caplog):
-  from jax_ep.backends import cuda as cuda_backend  # pylint: disable=import-outside-toplevel
   config = dataclasses.replace(CONFIG, hidden=260)
-  cuda_backend._announced.clear()  # pylint: disable=protected-access
+  fallbacks.forget()
   with caplog.at_level(logging.WARNING):
     for _ in range(2):
       jax.clear_caches()
@@ -547,8 +546,7 @@ def test_expert_major_layer_runs_on_the_expert_major_kernels(caplog, fallback):
   routing with zero weights) and the weight gradient (per-slot values of the
   pair cotangents, then the token-major combine of those [C, K] values) are
   jax_ep kernels; no XLA collective, no warning, also under fallback="error"."""
-  from jax_ep.backends import cuda as cuda_backend  # pylint: disable=import-outside-toplevel
-  cuda_backend._announced.clear()  # pylint: disable=protected-access
+  fallbacks.forget()
   config = dataclasses.replace(CONFIG, fallback=fallback)
   jax.clear_caches()
   with caplog.at_level(logging.WARNING):

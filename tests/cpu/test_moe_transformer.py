@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
-from jax_ep.backends import cuda as cuda_backend
+from jax_ep import fallbacks
 from jax_ep.runtime import lowering_only
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
@@ -143,7 +143,7 @@ def test_bf16_step_runs_on_the_ht_kernels_on_cuda(shape, caplog):
   params = jax.tree.map(spec, host, specs)
   tokens = jax.ShapeDtypeStruct((args.batch_per_rank * mesh.size, args.seq_len + 1), jnp.int32,
                                 sharding=NamedSharding(mesh, P(("data", "expert"))))
-  cuda_backend._announced.clear()  # pylint: disable=protected-access
+  fallbacks.forget()
   with lowering_only(ep_config, mesh, backend="cuda"), jax.set_mesh(mesh), \
       caplog.at_level(logging.WARNING):
     opt_state = jax.eval_shape(optimizer.init, params)
