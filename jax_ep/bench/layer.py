@@ -111,12 +111,12 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
   config = moe.MoeConfig(ep=ep, ffn_size=ffn)
   mesh = jax.make_mesh((1,), ("ep",), devices=jax.devices()[:1])
   jax_ep.initialize(ep, mesh)
-  key_params, key_x, key_dy = jax.random.split(jax.random.key(seed), 3)
+  key_params, key_x, key_dy, key_dy_pairs = jax.random.split(jax.random.key(seed), 4)
   params = moe.init_params(config, key_params, dtype=BF16)
   x = jax.random.normal(key_x, (tokens, hidden), F32).astype(BF16)
   # y's cotangent; the floor's y is one row per pair, its cotangent too.
   dy = jax.random.normal(key_dy, (tokens, hidden), F32).astype(BF16)
-  dy_pairs = jax.random.normal(key_dy, (tokens * topk, hidden), F32).astype(BF16)
+  dy_pairs = jax.random.normal(key_dy_pairs, (tokens * topk, hidden), F32).astype(BF16)
   specs = moe.param_specs(config)
   placed = {k: jax.device_put(v, NamedSharding(mesh, specs[k])) for k, v in params.items()}
   x_placed = jax.device_put(x, NamedSharding(mesh, P("ep")))
@@ -164,7 +164,8 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
       if on_row is not None:
         on_row(rows)
   meta = dict(tokens=tokens, hidden=hidden, ffn=ffn, experts=experts, topk=topk, seed=seed,
-              pairs=pairs, backward_of="sum(y * dy), dy random bfloat16", activation="swiglu", dtype="bfloat16", repeats=repeats,
+              pairs=pairs, backward_of="sum(y * dy), dy random bfloat16",
+              activation="swiglu", dtype="bfloat16", repeats=repeats,
               useful_flops=flops, expert_alignment=config.gmm.row_alignment)
   meta["grouped_matmul"] = {p: v for p, v in vars(moe.grouped_matmul_plan(
       config.gmm, jax.ShapeDtypeStruct((pairs, hidden), BF16),

@@ -86,12 +86,11 @@ def copies(topk_idx: np.ndarray, num_experts: int, ranks_per_node: int) -> Netwo
   # every other GPU that needs it.
   local = np.arange(num_ranks) % ranks_per_node                             # [R]
   rail = np.arange(ranks_per_node)[None, :] == local[:, None]               # [R, L]
-  needing_but_rail = (on_rank & ~rail[:, None, None, :]).sum(axis=3)        # [R, T, N]
-  nvlink = needing_but_rail        # zero on the nodes the token does not go to
+  nvlink = (on_rank & ~rail[:, None, None, :]).sum(axis=(2, 3))              # [R, T]
   return NetworkCopies(nodes=num_nodes, ranks_per_node=ranks_per_node,
                        hierarchical=float(hierarchical.mean()), flat=float(flat.mean()),
                        deepep_rdma=float(deepep_rdma.mean()),
-                       nvlink=float(nvlink.sum(axis=2).mean()))
+                       nvlink=float(nvlink.mean()))
 
 
 def run(nodes: list[int], ranks_per_node: int, tokens: int, hidden: int, num_experts: int,
