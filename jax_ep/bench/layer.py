@@ -8,6 +8,9 @@ Systems (a DeepSeek-V3 rank's share by default: hidden 7168, expert FFN 2048,
 - MaxText's algorithm (argsort permute, SwiGLU experts by jax.lax.ragged_dot,
   weighted unpermute), and the same with grouped_matmul (the fastest grouped
   GEMM measured) in place of ragged_dot;
+- jax_ep.moe's expert GEMMs alone: its SwiGLU experts (grouped_matmul) on the
+  expert-major rows of the same dispatch, made once outside the timing: the
+  layer's time less this is its router, exchange and weighting;
 - the floor: dense matmuls of the same useful FLOPs (the expert GEMMs of
   pairs = tokens * top-k rows; forward+backward: their gradients too).
 Useful FLOPs: forward 2 * pairs * H * 3F (gate+up and down), forward+backward 3x.
@@ -22,11 +25,13 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ep
 from jax_ep import moe
+from jax_ep.moe import experts as moe_experts
 from jax_ep.bench import single_device
 
 F32 = jnp.float32
@@ -82,6 +87,25 @@ def _floor(topk: int):
   return floor
 
 
+def _expert_major_rows(config, mesh, specs, params, x):
+  """The rows and group sizes moe_layer's expert GEMMs get: the same routing and
+  expert-major dispatch (aligned to the GEMMs' row tile), run once."""
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(specs, P("ep")),
+                     out_specs=(P("ep"), P("ep")))
+  def dispatched(p, xx):
+    logits = jnp.matmul(xx.astype(F32), p["router"], precision=jax.lax.Precision.HIGHEST)
+    routed = moe.route(logits, config.ep.num_topk, config.router)
+    d = jax_ep.dispatch(xx, routed.topk_idx, routed.topk_weights, config=config.ep,
+                        layout="expert_major", expert_alignment=config.gmm.row_alignment)
+    return d.x, d.group_sizes
+
+  rows, group_sizes = jax.jit(dispatched)(params, x)
+  # Through the host once: plain arrays, like the other systems' inputs (typed by no
+  # mesh axis, which ragged_dot's sharding rule would refuse).
+  return jnp.asarray(np.asarray(rows)), jnp.asarray(np.asarray(group_sizes))
+
+
 def _forward_backward(fn):
   """The gradients of sum(y * dy) for a random dy given as an argument: with the
   plain sum(y), y's cotangent is a broadcast constant, from which XLA may simplify
@@ -111,7 +135,8 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
   config = moe.MoeConfig(ep=ep, ffn_size=ffn)
   mesh = jax.make_mesh((1,), ("ep",), devices=jax.devices()[:1])
   jax_ep.initialize(ep, mesh)
-  key_params, key_x, key_dy, key_dy_pairs = jax.random.split(jax.random.key(seed), 4)
+  key_params, key_x, key_dy, key_dy_pairs, key_rows_dy = jax.random.split(
+      jax.random.key(seed), 5)
   params = moe.init_params(config, key_params, dtype=BF16)
   x = jax.random.normal(key_x, (tokens, hidden), F32).astype(BF16)
   # y's cotangent; the floor's y is one row per pair, its cotangent too.
@@ -126,6 +151,13 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
   def jax_ep_layer(p, xx):
     return moe.moe_layer(p, xx, config=config).y
 
+  rows, group_sizes = _expert_major_rows(config, mesh, specs, placed, x_placed)
+  rows_dy = jax.random.normal(key_rows_dy, rows.shape, F32).astype(BF16)
+
+  def experts_alone(p, expert_rows):
+    return moe_experts.grouped_mlp(expert_rows, group_sizes, p["w_in"], p["w_out"], "swiglu",
+                                   config.gmm)
+
   # (name, function, its forward arguments, y's cotangent for the forward+backward)
   systems = [
       ("jax_ep.moe (HT expert-major, grouped_matmul)", jax_ep_layer, (placed, x_placed),
@@ -134,6 +166,8 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
        dy),
       ("MaxText algorithm, grouped_matmul", _maxtext_layer(moe.grouped_matmul, topk),
        (params, x), dy),
+      ("jax_ep.moe experts alone (grouped_matmul)", experts_alone,
+       ({"w_in": params["w_in"], "w_out": params["w_out"]}, rows), rows_dy),
       ("floor: dense matmuls, same useful FLOPs", _floor(topk),
        ({"w_in": params["w_in"][0], "w_out": params["w_out"][0]}, x), dy_pairs),
   ]
