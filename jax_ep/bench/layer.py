@@ -45,7 +45,7 @@ def _maxtext_layer(gemm, topk: int):
   def layer(params, x):
     num_tokens, hidden = x.shape
     num_experts = params["w_in"].shape[0]
-    logits = jnp.matmul(x.astype(F32), params["router"], precision=jax.lax.Precision.HIGHEST)
+    logits = moe.router_logits(x, params["router"])
     weights, idx = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), topk)
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     flat = idx.reshape(-1)
@@ -94,7 +94,7 @@ def _expert_major_rows(config, mesh, specs, params, x):
   @functools.partial(jax.shard_map, mesh=mesh, in_specs=(specs, P("ep")),
                      out_specs=(P("ep"), P("ep")))
   def dispatched(p, xx):
-    logits = jnp.matmul(xx.astype(F32), p["router"], precision=jax.lax.Precision.HIGHEST)
+    logits = moe.router_logits(xx, p["router"])
     routed = moe.route(logits, config.ep.num_topk, config.router)
     d = jax_ep.dispatch(xx, routed.topk_idx, routed.topk_weights, config=config.ep,
                         layout="expert_major", expert_alignment=config.gmm.row_alignment)

@@ -18,10 +18,10 @@ from jax_ep.moe.grouped_matmul import GroupedMatmulConfig, grouped_matmul
 from jax_ep.moe.grouped_matmul import plan_for as grouped_matmul_plan
 from jax_ep.moe.layer import MoeConfig, MoeOutput, moe_layer
 from jax_ep.moe.params import global_shapes, init_params, param_specs
-from jax_ep.moe.routing import RouterConfig, Routing, route
+from jax_ep.moe.routing import RouterConfig, Routing, route, router_logits
 
 __all__ = [
     "BalanceStats", "GroupedMatmulConfig", "MoeConfig", "MoeOutput", "PallasTiles",
     "RouterConfig", "Routing", "balance_stats", "global_shapes", "grouped_matmul",
-    "grouped_matmul_plan", "init_params", "moe_layer", "param_specs", "route",
+    "grouped_matmul_plan", "init_params", "moe_layer", "param_specs", "route", "router_logits",
 ]

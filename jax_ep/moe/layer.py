@@ -200,10 +200,7 @@ def moe_layer(params: Params, x: jax.Array, *, config: MoeConfig) -> MoeOutput:
   """
   num_ranks = ep_size(config)
   check_inputs(params, x, config, num_ranks)
-  # Full float32 (HIGHEST): at DEFAULT a GPU runs float32 matmuls in TF32, whose
-  # ~1e-3 relative error in the logits flips near-tied experts (and tokens' routes).
-  logits = jnp.matmul(x.astype(F32), params["router"].astype(F32),
-                      precision=jax.lax.Precision.HIGHEST)
+  logits = routing.router_logits(x, params["router"])
   routed = routing.route(logits, config.ep.num_topk, config.router, params.get("router_bias"))
   if config.exchange == "ht":
     y, tokens_per_expert, dropped = _routed_ht(params, x, routed, config)

@@ -86,6 +86,13 @@ class Routing(NamedTuple):
   probs: jax.Array
 
 
+def router_logits(x: jax.Array, router: jax.Array) -> jax.Array:
+  """float32 [T, E] logits of the tokens x [T, H] (any float dtype) under the
+  router [H, E], in full float32: at DEFAULT precision a GPU runs float32 matmuls
+  in TF32, whose ~1e-3 relative error flips near-tied experts (a token's route)."""
+  return jnp.matmul(x.astype(F32), router.astype(F32), precision=jax.lax.Precision.HIGHEST)
+
+
 def route(logits: jax.Array, num_topk: int, config: RouterConfig,
           selection_bias: jax.Array | None = None) -> Routing:
   """Routes T tokens given their router logits float32 [T, E]; selection_bias
