@@ -45,6 +45,9 @@ flags.DEFINE_bool("layer_lax_backward", False, "layer: also time the forward+bac
                   "MaxText's algorithm on jax.lax.ragged_dot (XLA's dense lowering of its "
                   "weight gradient: at DeepSeek shapes it runs out of memory or waits in "
                   "XLA's allocator for minutes)")
+flags.DEFINE_list("layer_gmm", ["auto"], "layer: the grouped_matmul implementations of "
+                  "jax_ep.moe's rows (auto, pallas, worklist, tokamax, xla), each a layer row "
+                  "and an experts-alone row")
 flags.DEFINE_list("nodes", ["2", "8"], "network: node counts of the EP groups")
 flags.DEFINE_integer("ranks_per_node", 8, "network: GPUs per node (one NVLink domain)")
 flags.DEFINE_bool("gmm_sweep", False, "gmm: also time the Pallas kernels at other tiles")
@@ -158,7 +161,7 @@ def single_device_main(run_as: str) -> int:
     from jax_ep.bench import layer  # pylint: disable=import-outside-toplevel
     rows, meta = layer.run(tokens, FLAGS.hidden, FLAGS.ffn, experts, FLAGS.topk, FLAGS.seed,
                            FLAGS.repeats, lax_backward=FLAGS.layer_lax_backward,
-                           on_row=save_partial)
+                           on_row=save_partial, gmm_implementations=FLAGS.layer_gmm)
   failed = save(rows, meta)
   if path:
     print(f"results: {path}")

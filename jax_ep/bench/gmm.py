@@ -4,7 +4,8 @@ For each GEMM of a SwiGLU expert layer (gate+up: K = hidden, N = 2 * ffn;
 down: K = ffn, N = hidden), rows grouped as an expert-major dispatch groups
 them (top-k routing of random logits, groups aligned to 128 rows), it times
 forward, input_grad and weight_grad (jax_ep/moe/gmm_impls.py) on ``xla``
-(jax.lax.ragged_dot), ``pallas`` (JAX's Mosaic GPU kernels) and ``tokamax``
+(jax.lax.ragged_dot), ``pallas`` (JAX's Mosaic GPU kernels), ``worklist``
+(jax_ep's forward / input_grad kernel, jax_ep/moe/worklist_gmm.py) and ``tokamax``
 (when installed), next to the floor: one dense matmul with the same useful
 FLOPs (2 * pairs * K * N, pairs = tokens * top-k). ``--gmm_sweep`` also times
 the Pallas kernels at other tiles.
@@ -85,7 +86,7 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
                                                           ("xla", "xla", None)]
   on_gpu = jax.devices()[0].platform == "gpu"
   if on_gpu:                  # Mosaic GPU kernels: no CPU path but Pallas' interpreter
-    systems.append(("pallas", "pallas", None))
+    systems += [("pallas", "pallas", None), ("worklist", "worklist", None)]
   if gmm_impls.tokamax_module() is not None and on_gpu:
     systems.append(("tokamax", "tokamax", None))
   elif on_gpu:
@@ -107,7 +108,7 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
         if impl == "floor":
           floor_us = measured.us
         row = dict(gemm=gemm, k=k, n=n, product=product, system=name, implementation=impl,
-                   tiles=dataclasses.asdict(tiles) if impl == "pallas" else None,
+                   tiles=dataclasses.asdict(tiles) if impl in ("pallas", "worklist") else None,
                    us=measured.us, noise_us=measured.noise_us, error=measured.error,
                    peak_bytes=measured.peak_bytes,
                    tflops=flops / measured.us / 1e6 if measured.us else None,

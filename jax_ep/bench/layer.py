@@ -13,6 +13,8 @@ Systems (a DeepSeek-V3 rank's share by default: hidden 7168, expert FFN 2048,
   layer's time less this is its router, exchange and weighting;
 - the floor: dense matmuls of the same useful FLOPs (the expert GEMMs of
   pairs = tokens * top-k rows; forward+backward: their gradients too).
+``gmm_implementations`` beyond "auto" (``--layer_gmm``) add jax_ep.moe and its
+experts alone on those grouped_matmul implementations, in the same run.
 Useful FLOPs: forward 2 * pairs * H * 3F (gate+up and down), forward+backward 3x.
 Every system gets the same router weights, so the same routing. The chart of the
 rows is drawn from the JSON (benchmarks/plot_layer.py).
@@ -20,8 +22,9 @@ rows is drawn from the JSON (benchmarks/plot_layer.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -125,8 +128,8 @@ LAX_BACKWARD_SKIPPED = (
 
 
 def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, repeats: int,
-        lax_backward: bool = False, on_row: Callable[[list[dict]], None] | None = None
-        ) -> tuple[list[dict], dict]:
+        lax_backward: bool = False, on_row: Callable[[list[dict]], None] | None = None,
+        gmm_implementations: Sequence[str] = ("auto",)) -> tuple[list[dict], dict]:
   """Rows (one per mode and system) and the run's settings; ``on_row`` gets the
   rows so far after each one (the caller saves them as it goes)."""
   ep = jax_ep.EpConfig(num_experts=experts, hidden=hidden, max_tokens_per_rank=tokens,
@@ -147,27 +150,43 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
   x_placed = jax.device_put(x, NamedSharding(mesh, P("ep")))
   dy_placed = jax.device_put(dy, NamedSharding(mesh, P("ep")))
 
-  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(specs, P("ep")), out_specs=P("ep"))
-  def jax_ep_layer(p, xx):
-    return moe.moe_layer(p, xx, config=config).y
+  def jax_ep_layer(layer_config: moe.MoeConfig):
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(specs, P("ep")), out_specs=P("ep"))
+    def layer(p, xx):
+      return moe.moe_layer(p, xx, config=layer_config).y
+    return layer
 
-  rows, group_sizes = _expert_major_rows(config, mesh, specs, placed, x_placed)
-  rows_dy = jax.random.normal(key_rows_dy, rows.shape, F32).astype(BF16)
+  expert_rows, group_sizes = _expert_major_rows(config, mesh, specs, placed, x_placed)
+  expert_rows_dy = jax.random.normal(key_rows_dy, expert_rows.shape, F32).astype(BF16)
 
-  def experts_alone(p, expert_rows):
-    return moe_experts.grouped_mlp(expert_rows, group_sizes, p["w_in"], p["w_out"], "swiglu",
-                                   config.gmm)
+  def experts_alone(gmm: moe.GroupedMatmulConfig):
+    def run_experts(p, rows_in):
+      return moe_experts.grouped_mlp(rows_in, group_sizes, p["w_in"], p["w_out"], "swiglu",
+                                     gmm)
+    return run_experts
 
+  def on(implementation: str) -> str:
+    return "" if implementation == "auto" else f" {implementation}"
+
+  expert_weights = {"w_in": params["w_in"], "w_out": params["w_out"]}
   # (name, function, its forward arguments, y's cotangent for the forward+backward)
   systems = [
-      ("jax_ep.moe (HT expert-major, grouped_matmul)", jax_ep_layer, (placed, x_placed),
-       dy_placed),
+      (f"jax_ep.moe (HT expert-major, grouped_matmul{on(impl)})",
+       jax_ep_layer(dataclasses.replace(config, gmm=dataclasses.replace(
+           config.gmm, implementation=impl))), (placed, x_placed), dy_placed)
+      for impl in gmm_implementations]
+  systems += [
       ("MaxText algorithm, jax.lax.ragged_dot", _maxtext_layer(_lax_gemm, topk), (params, x),
        dy),
       ("MaxText algorithm, grouped_matmul", _maxtext_layer(moe.grouped_matmul, topk),
        (params, x), dy),
-      ("jax_ep.moe experts alone (grouped_matmul)", experts_alone,
-       ({"w_in": params["w_in"], "w_out": params["w_out"]}, rows), rows_dy),
+  ]
+  systems += [
+      (f"jax_ep.moe experts alone (grouped_matmul{on(impl)})",
+       experts_alone(dataclasses.replace(config.gmm, implementation=impl)),
+       (expert_weights, expert_rows), expert_rows_dy)
+      for impl in gmm_implementations]
+  systems += [
       ("floor: dense matmuls, same useful FLOPs", _floor(topk),
        ({"w_in": params["w_in"][0], "w_out": params["w_out"][0]}, x), dy_pairs),
   ]
@@ -200,7 +219,8 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
   meta = dict(tokens=tokens, hidden=hidden, ffn=ffn, experts=experts, topk=topk, seed=seed,
               pairs=pairs, backward_of="sum(y * dy), dy random bfloat16",
               activation="swiglu", dtype="bfloat16", repeats=repeats,
-              useful_flops=flops, expert_alignment=config.gmm.row_alignment)
+              useful_flops=flops, expert_alignment=config.gmm.row_alignment,
+              gmm_implementations=list(gmm_implementations))
   meta["grouped_matmul"] = {p: v for p, v in vars(moe.grouped_matmul_plan(
       config.gmm, jax.ShapeDtypeStruct((pairs, hidden), BF16),
       jax.ShapeDtypeStruct((experts, hidden, 2 * ffn), BF16))).items() if p != "tiles"}

@@ -22,6 +22,11 @@ Pallas kernels (they never write them); grouped_matmul masks them.
   need the row and weight dtypes equal (bf16 or f16) and tile-divisible K and N
   (pallas_refusal); the rows are zero-padded to a whole number of row tiles
   (rows_padded), as the kernels' tiling of M requires.
+- ``worklist``: jax_ep's own Mosaic GPU kernel for the forward and input_grad
+  (jax_ep/moe/worklist_gmm.py: the same tiles, but it computes only the
+  (group, row block) pairs that hold rows, where ``ragged_dot_mgpu`` runs
+  ``G - 1`` more row blocks, and those past the groups, through their whole K
+  loop), with the Pallas weight_grad; same needs as ``pallas``.
 - ``tokamax``: Google's tokamax (``pip install jax_ep[tokamax]``), its
   ``tokamax.ragged_dot`` and its VJP.
 """
@@ -134,6 +139,23 @@ def pallas_weight_grad(rows, d_out, group_sizes, tiles: PallasTiles):
                                           **_ragged_kwargs(tiles))
 
 
+# ---------------------------------------------------------------- worklist
+def worklist_forward(rows, w, group_sizes, tiles: PallasTiles):
+  from jax_ep.moe import worklist_gmm  # pylint: disable=import-outside-toplevel
+  return worklist_gmm.worklist_matmul(rows, w, group_sizes, **_worklist_kwargs(tiles))
+
+
+def worklist_input_grad(d_out, w, group_sizes, tiles: PallasTiles):
+  from jax_ep.moe import worklist_gmm  # pylint: disable=import-outside-toplevel
+  return worklist_gmm.worklist_matmul(d_out, w, group_sizes, transpose_rhs=True,
+                                      **_worklist_kwargs(tiles))
+
+
+def _worklist_kwargs(tiles: PallasTiles) -> dict:
+  return dict(block_m=tiles.block_m, block_n=tiles.block_n, block_k=tiles.block_k,
+              stages=tiles.stages, grid_block_n=tiles.grid_block_n)
+
+
 # ---------------------------------------------------------------- tokamax
 @functools.cache
 def _tokamax_import() -> tuple[object | None, str | None]:
@@ -202,13 +224,15 @@ def products(implementation: str, tiles: dict[str, PallasTiles]) -> dict[str, Ca
   if implementation == "tokamax":
     return dict(forward=tokamax_forward, input_grad=tokamax_input_grad,
                 weight_grad=tokamax_weight_grad)
-  if implementation == "pallas":
+  if implementation in ("pallas", "worklist"):
     def row_multiple(product: str) -> int:
       return math.lcm(tiles[product].block_m, tiles[product].block_k)
+    forward, input_grad = ((pallas_forward, pallas_input_grad) if implementation == "pallas"
+                           else (worklist_forward, worklist_input_grad))
     return dict(
-        forward=rows_padded(functools.partial(pallas_forward, tiles=tiles["forward"]),
+        forward=rows_padded(functools.partial(forward, tiles=tiles["forward"]),
                             row_multiple("forward"), 1, True),
-        input_grad=rows_padded(functools.partial(pallas_input_grad, tiles=tiles["input_grad"]),
+        input_grad=rows_padded(functools.partial(input_grad, tiles=tiles["input_grad"]),
                                row_multiple("input_grad"), 1, True),
         weight_grad=rows_padded(functools.partial(pallas_weight_grad,
                                                   tiles=tiles["weight_grad"]),

@@ -13,8 +13,9 @@ on the implementation GroupedMatmulConfig picks:
   kernels refuse the operands, the call takes ``jax.lax.ragged_dot``, which XLA
   runs as a dense dot over zero-padded groups there (G times the FLOPs): that
   is announced once, as ``fallback`` says.
-- ``"pallas"``, ``"tokamax"``, ``"xla"``: every product on that one; a choice
-  that cannot run here is an error at trace time.
+- ``"pallas"``, ``"worklist"``, ``"tokamax"``, ``"xla"``: every product on that
+  one (``"worklist"``: jax_ep's kernel for the forward and input_grad, the
+  Pallas weight_grad); a choice that cannot run here is an error at trace time.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from jax_ep.errors import EpConfigError
 from jax_ep.moe import gmm_impls
 from jax_ep.moe.gmm_impls import PallasTiles
 
-IMPLEMENTATIONS = ("auto", "pallas", "tokamax", "xla")
+IMPLEMENTATIONS = ("auto", "pallas", "worklist", "tokamax", "xla")
 FALLBACK_POLICIES = fallbacks.POLICIES
 # The fastest of the tiles tried for all three products on one H100
 # (docs/results/gmm-sweep_2026-12-07_34f1b9a.json).
@@ -47,7 +48,8 @@ class GroupedMatmulConfig:
   """How grouped_matmul runs its products; frozen and hashable.
 
   Attributes:
-    implementation: "auto", "pallas", "tokamax" or "xla" (module docstring).
+    implementation: "auto", "pallas", "worklist", "tokamax" or "xla" (module
+      docstring).
     fallback: when "auto" has to take ``jax.lax.ragged_dot`` on a GPU (slow
       there): "warn" logs it once per reason, "error" raises at trace time,
       "allow" stays silent.
@@ -130,14 +132,14 @@ def plan_for(config: GroupedMatmulConfig, rows: jax.ShapeDtypeStruct,
                           f"'jax_ep[tokamax]')")
     return Plan("tokamax", "tokamax", "tokamax", tiles)
   platform, sm90, devices = _devices()
-  if choice == "pallas":
+  if choice in ("pallas", "worklist"):
     if not sm90:
-      raise EpConfigError(f"GroupedMatmulConfig(implementation='pallas') needs Hopper GPUs "
+      raise EpConfigError(f"GroupedMatmulConfig(implementation={choice!r}) needs Hopper GPUs "
                           f"(sm_90); the devices here are {devices}")
     if refusal:
-      raise EpConfigError(f"GroupedMatmulConfig(implementation='pallas'): the kernels cannot "
-                          f"take these operands: {refusal}")
-    return Plan("pallas", "pallas", "pallas", tiles)
+      raise EpConfigError(f"GroupedMatmulConfig(implementation={choice!r}): the kernels "
+                          f"cannot take these operands: {refusal}")
+    return Plan(choice, choice, choice, tiles)
   # auto
   if platform != "gpu":
     return Plan("xla", "xla", "xla", tiles)      # CPU / TPU: ragged_dot is the path there

@@ -209,7 +209,8 @@ def test_single_device_modes_write_their_rows(tmp_path, mode):
   env["XLA_FLAGS"] = cpu_flags.FAST_COMPILE  # one CPU device per process
   result = subprocess.run(
       [sys.executable, "-m", "jax_ep.bench", "--mode", mode, "--tokens", "32", "--hidden", "128",
-       "--ffn", "64", "--num_experts", "4", "--topk", "2", "--repeats", "2", "--out", str(out)],
+       "--ffn", "64", "--num_experts", "4", "--topk", "2", "--repeats", "2", "--out", str(out)]
+      + (["--layer_gmm", "auto,xla"] if mode == "layer" else []),
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
   payload = json.loads(out.read_text())
@@ -219,7 +220,10 @@ def test_single_device_modes_write_their_rows(tmp_path, mode):
     assert {row["product"] for row in payload["rows"]} == {"forward", "input_grad",
                                                           "weight_grad"}
   else:
-    assert len(systems) == 5 and "jax_ep.moe experts alone (grouped_matmul)" in systems
+    # --layer_gmm auto,xla: jax_ep.moe and its experts alone on each.
+    assert len(systems) == 7 and {"jax_ep.moe experts alone (grouped_matmul)",
+                                  "jax_ep.moe (HT expert-major, grouped_matmul xla)",
+                                  "jax_ep.moe experts alone (grouped_matmul xla)"} <= systems
     assert {r["mode"] for r in payload["rows"]} == {"forward", "forward_backward"}
   assert payload["complete"] is True
   # The one row a run leaves out unless asked (--layer_lax_backward) says so.
