@@ -45,6 +45,11 @@ flags.DEFINE_bool("layer_lax_backward", False, "layer: also time the forward+bac
                   "MaxText's algorithm on jax.lax.ragged_dot (XLA's dense lowering of its "
                   "weight gradient: at DeepSeek shapes it runs out of memory or waits in "
                   "XLA's allocator for minutes)")
+flags.DEFINE_bool("layer_lax_forward", True, "layer: time the forward of MaxText's algorithm "
+                  "on jax.lax.ragged_dot (about 140 ms a call at the default shapes on an H100)")
+flags.DEFINE_list("gmm_implementations", ["xla", "pallas", "worklist", "tokamax"],
+                  "gmm: the implementations timed beside the floor (pallas and worklist on "
+                  "sm_90 GPUs only; tokamax when it imports)")
 flags.DEFINE_list("layer_gmm", ["auto"], "layer: the grouped_matmul implementations of "
                   "jax_ep.moe's rows (auto, pallas, worklist, tokamax, xla), each a layer row "
                   "and an experts-alone row")
@@ -156,12 +161,13 @@ def single_device_main(run_as: str) -> int:
   if FLAGS.mode == "gmm":
     from jax_ep.bench import gmm  # pylint: disable=import-outside-toplevel
     rows, meta = gmm.run(tokens, FLAGS.hidden, FLAGS.ffn, experts, FLAGS.topk, FLAGS.seed,
-                         FLAGS.gmm_sweep, FLAGS.repeats, on_row=save_partial)
+                         FLAGS.gmm_sweep, FLAGS.repeats, on_row=save_partial,
+                         implementations=FLAGS.gmm_implementations)
   else:
     from jax_ep.bench import layer  # pylint: disable=import-outside-toplevel
     rows, meta = layer.run(tokens, FLAGS.hidden, FLAGS.ffn, experts, FLAGS.topk, FLAGS.seed,
                            FLAGS.repeats, lax_backward=FLAGS.layer_lax_backward,
-                           on_row=save_partial, gmm_implementations=FLAGS.layer_gmm)
+                           lax_forward=FLAGS.layer_lax_forward, on_row=save_partial, gmm_implementations=FLAGS.layer_gmm)
   failed = save(rows, meta)
   if path:
     print(f"results: {path}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -75,19 +75,24 @@ def _floor_calls(pairs: int) -> dict[str, Callable]:
 
 
 def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, sweep: bool,
-        repeats: int, on_row: Callable[[list[dict]], None] | None = None
+        repeats: int, on_row: Callable[[list[dict]], None] | None = None,
+        implementations: Sequence[str] = ("xla", "pallas", "worklist", "tokamax")
         ) -> tuple[list[dict], dict]:
   """Rows (one per shape, product, system) and the run's settings; ``on_row``
-  gets the rows so far after each one (the caller saves them as it goes)."""
+  gets the rows so far after each one (the caller saves them as it goes).
+  ``implementations``: those timed beside the floor, where they can run."""
   group_sizes, pairs = group_sizes_of(tokens, experts, topk, seed)
   rows_m = -(-(tokens * topk + experts * (ALIGNMENT - 1)) // ALIGNMENT) * ALIGNMENT
   default = GroupedMatmulConfig()
-  systems: list[tuple[str, str, PallasTiles | None]] = [("floor (dense matmul)", "floor", None),
-                                                          ("xla", "xla", None)]
+  systems: list[tuple[str, str, PallasTiles | None]] = [("floor (dense matmul)", "floor", None)]
+  if "xla" in implementations:
+    systems.append(("xla", "xla", None))
   on_gpu = jax.devices()[0].platform == "gpu"
   if on_gpu:                  # Mosaic GPU kernels: no CPU path but Pallas' interpreter
-    systems += [("pallas", "pallas", None), ("worklist", "worklist", None)]
-  if gmm_impls.tokamax_module() is not None and on_gpu:
+    systems += [(impl, impl, None) for impl in ("pallas", "worklist") if impl in implementations]
+  if "tokamax" not in implementations:
+    pass
+  elif gmm_impls.tokamax_module() is not None and on_gpu:
     systems.append(("tokamax", "tokamax", None))
   elif on_gpu:
     print(f"tokamax: not timed, it does not import ({gmm_impls.tokamax_import_error()}; "
@@ -119,7 +124,8 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
           on_row(out)
   meta = dict(tokens=tokens, hidden=hidden, ffn=ffn, experts=experts, topk=topk, seed=seed,
               pairs=pairs, rows=rows_m, alignment=ALIGNMENT, repeats=repeats,
-              group_sizes=group_sizes.tolist(), useful_flops="2 * pairs * K * N")
+              group_sizes=group_sizes.tolist(), useful_flops="2 * pairs * K * N",
+              implementations=[name for name, _, _ in systems])
   return out, meta
 
 

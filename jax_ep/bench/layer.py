@@ -121,6 +121,7 @@ def _forward_backward(fn):
   return run
 
 
+LAX_FORWARD_SKIPPED = "not run (--nolayer_lax_forward): asked to leave it out"
 LAX_BACKWARD_SKIPPED = (
     "not run (--layer_lax_backward runs it): XLA lowers ragged_dot's weight gradient to a "
     "dense dot over zero-padded groups; at DeepSeek shapes on one H100 (2026-12-07) this "
@@ -128,7 +129,7 @@ LAX_BACKWARD_SKIPPED = (
 
 
 def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, repeats: int,
-        lax_backward: bool = False, on_row: Callable[[list[dict]], None] | None = None,
+        lax_backward: bool = False, lax_forward: bool = True, on_row: Callable[[list[dict]], None] | None = None,
         gmm_implementations: Sequence[str] = ("auto",)) -> tuple[list[dict], dict]:
   """Rows (one per mode and system) and the run's settings; ``on_row`` gets the
   rows so far after each one (the caller saves them as it goes)."""
@@ -198,9 +199,11 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
     for name, fn, args, cotangent in reversed(systems):   # the floor first: ratios need it
       timed = fn if mode == "forward" else _forward_backward(fn)
       args = args if mode == "forward" else args + (cotangent,)
-      skipped = mode == "forward_backward" and "ragged_dot" in name and not lax_backward
+      lax_row_wanted = lax_forward if mode == "forward" else lax_backward
+      skipped = "ragged_dot" in name and not lax_row_wanted
       if skipped:
-        measured = single_device.Measured(None, error=LAX_BACKWARD_SKIPPED)
+        measured = single_device.Measured(None, error=(
+            LAX_FORWARD_SKIPPED if mode == "forward" else LAX_BACKWARD_SKIPPED))
       else:
         measured = single_device.measure(timed, args, repeats=repeats, check_memory=True)
       if name.startswith("floor"):
