@@ -7,7 +7,7 @@ three products (forward, input_grad, weight_grad; jax_ep/moe/gmm_impls.py) runs
 on the implementation GroupedMatmulConfig picks:
 
 - ``implementation="auto"`` (default): on Hopper GPUs (sm_90) the fastest one
-  measured on one H200 for each product (AUTO_ON_SM90; the table in
+  measured on one H100 for each product (AUTO_ON_SM90; the table in
   docs/benchmarks.md, "Grouped GEMMs"); elsewhere (CPU, TPU, other GPUs)
   ``jax.lax.ragged_dot``. On a GPU that is not sm_90, or where the Hopper
   kernels refuse the operands, the call takes ``jax.lax.ragged_dot``, which XLA
@@ -39,8 +39,11 @@ FALLBACK_POLICIES = fallbacks.POLICIES
 MEASURED_TILES = PallasTiles(block_m=128, block_n=128, block_k=64, stages=4, grid_block_n=4)
 
 # What "auto" runs on sm_90, per product: the fastest correct implementation
-# measured (docs/benchmarks.md, "Grouped GEMMs").
-AUTO_ON_SM90 = dict(forward="pallas", input_grad="pallas", weight_grad="pallas")
+# measured (docs/benchmarks.md, "MoE layer and grouped GEMMs";
+# docs/results/gmm_2026-12-07_e3338e6.json: the work-list kernel 6-15% faster
+# than ragged_dot_mgpu in the forward and input_grad, bit for bit the same;
+# the weight_grad is JAX's kernel either way).
+AUTO_ON_SM90 = dict(forward="worklist", input_grad="worklist", weight_grad="pallas")
 
 
 @dataclasses.dataclass(frozen=True)
