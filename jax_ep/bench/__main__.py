@@ -55,7 +55,8 @@ flags.DEFINE_list("layer_gmm", ["auto"], "layer: the grouped_matmul implementati
                   "and an experts-alone row")
 flags.DEFINE_list("nodes", ["2", "8"], "network: node counts of the EP groups")
 flags.DEFINE_integer("ranks_per_node", 8, "network: GPUs per node (one NVLink domain)")
-flags.DEFINE_bool("gmm_sweep", False, "gmm: also time the Pallas kernels at other tiles")
+flags.DEFINE_bool("gmm_sweep", False, "gmm: also time the Pallas and work-list kernels at "
+                  "other tiles")
 flags.DEFINE_integer("topk", 8, "experts per token")
 flags.DEFINE_integer("num_calls", 50, "calls per long timed executable (the short one: 1/5)")
 flags.DEFINE_integer("repeats", 7, "timed executions of each loop length (medians)")

@@ -8,7 +8,7 @@ forward, input_grad and weight_grad (jax_ep/moe/gmm_impls.py) on ``xla``
 (jax_ep's forward / input_grad kernel, jax_ep/moe/worklist_gmm.py) and ``tokamax``
 (when installed), next to the floor: one dense matmul with the same useful
 FLOPs (2 * pairs * K * N, pairs = tokens * top-k). ``--gmm_sweep`` also times
-the Pallas kernels at other tiles.
+the Pallas and work-list kernels at other tiles.
 """
 
 from __future__ import annotations
@@ -105,7 +105,11 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
       floor_us = None
       candidates = [(name, impl, tiles or default.tiles[product]) for name, impl, tiles in systems]
       if sweep and on_gpu:
-        candidates += [(f"pallas {dataclasses.astuple(t)}", "pallas", t) for t in SWEEP[product]]
+        # The work-list kernel's weight_grad is the Pallas one: swept once.
+        swept = [impl for impl in ("pallas", "worklist") if impl in implementations
+                 and not (impl == "worklist" and product == "weight_grad")]
+        candidates += [(f"{impl} {dataclasses.astuple(t)}", impl, t)
+                       for impl in swept for t in SWEEP[product]]
       for name, impl, tiles in candidates:
         fn = (_floor_calls(pairs) if impl == "floor"
               else _product_calls(impl, tiles))[product]

@@ -110,6 +110,8 @@ def worklist_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, b
   for name, size, step in (("M", num_rows, block_m), ("K", k, block_k), ("N", n, block_n)):
     if size % step:
       raise ValueError(f"worklist_matmul: {name} = {size} is not a multiple of {step}")
+  if num_rows == 0 or num_groups == 0:      # no row is in a group: nothing to compute
+    return jnp.zeros((num_rows, n), lhs.dtype)
   items = work_list(group_sizes, num_rows, block_m)
   num_items = items.group.shape[0]
   grid_n = n // block_n

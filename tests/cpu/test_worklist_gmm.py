@@ -111,3 +111,14 @@ def test_operands_off_the_tiles_are_refused():
     worklist_gmm.worklist_matmul(jnp.zeros((128, 100), jnp.bfloat16),
                                  jnp.zeros((2, 100, 128), jnp.bfloat16), jnp.zeros(2, jnp.int32),
                                  block_m=128, block_n=128, block_k=64, stages=4, grid_block_n=4)
+
+
+@pytest.mark.parametrize("num_rows,num_groups", [(0, 3), (128, 0)], ids=["no_rows", "no_groups"])
+def test_no_rows_or_no_groups_need_no_kernel(num_rows, num_groups):
+  # Such a grid would be empty (no rows) or have no group to index: the result is
+  # all zeros, on any device, without launching the kernel.
+  out = worklist_gmm.worklist_matmul(
+      jnp.ones((num_rows, 64), jnp.bfloat16), jnp.ones((num_groups, 64, 128), jnp.bfloat16),
+      jnp.zeros(num_groups, jnp.int32), block_m=128, block_n=128, block_k=64, stages=4,
+      grid_block_n=4)
+  assert out.shape == (num_rows, 128) and out.dtype == jnp.bfloat16 and not jnp.any(out)
