@@ -25,23 +25,35 @@ def in_width(activation: str, ffn_size: int) -> int:
   return 2 * ffn_size if activation == "swiglu" else ffn_size
 
 
-def activate(hidden: jax.Array, activation: str, dtype) -> jax.Array:
-  """[..., 2F] (swiglu) or [..., F] (gelu) -> [..., F] of dtype."""
+def activate(hidden: jax.Array, activation: str, dtype,
+             row_weights: jax.Array | None = None) -> jax.Array:
+  """[..., 2F] (swiglu) or [..., F] (gelu) -> [..., F] of dtype; with row_weights
+  [...] (float32), each row times its weight, in float32 before the one rounding."""
   hidden = hidden.astype(F32)
   if activation == "swiglu":
     gate, up = jnp.split(hidden, 2, axis=-1)
-    return (jax.nn.silu(gate) * up).astype(dtype)
-  return jax.nn.gelu(hidden).astype(dtype)
+    activated = jax.nn.silu(gate) * up
+  else:
+    activated = jax.nn.gelu(hidden)
+  if row_weights is not None:
+    activated = activated * row_weights.astype(F32)[..., None]
+  return activated.astype(dtype)
 
 
 def grouped_mlp(rows: jax.Array, group_sizes: jax.Array, w_in: jax.Array, w_out: jax.Array,
-                activation: str, gmm: GroupedMatmulConfig) -> jax.Array:
+                activation: str, gmm: GroupedMatmulConfig,
+                row_weights: jax.Array | None = None) -> jax.Array:
   """rows [M, H] grouped by local expert -> [M, H] of rows' dtype (0 outside the groups).
-  w_in [E_local, H, 2F or F], w_out [E_local, F, H]."""
+  w_in [E_local, H, 2F or F], w_out [E_local, F, H].
+
+  row_weights: float32 [M] or None: each row's output scaled by its weight (the
+  routing weight of its pair; 0 on padding rows). The down GEMM is linear, so
+  the scaling is applied to the activation's [M, F] in its fused float32 pass
+  instead of to the output's [M, H] in a pass of its own."""
   dtype = rows.dtype
   hidden = grouped_matmul(rows, w_in.astype(dtype), group_sizes, config=gmm)
-  return grouped_matmul(activate(hidden, activation, dtype), w_out.astype(dtype), group_sizes,
-                        config=gmm)
+  return grouped_matmul(activate(hidden, activation, dtype, row_weights), w_out.astype(dtype),
+                        group_sizes, config=gmm)
 
 
 def batched_mlp(blocks: jax.Array, w_in: jax.Array, w_out: jax.Array, activation: str

@@ -8,7 +8,9 @@ the EP axes of ``config.ep``):
   HT (training, prefill):
     d  = jax_ep.dispatch(x, idx, weights, layout="expert_major",
                          expert_alignment=gmm.row_alignment)   [M, H], grouped by expert
-    y  = grouped_mlp(d.x, d.group_sizes) * d.topk_weights      each pair, weighted
+    y  = grouped_mlp(d.x, d.group_sizes, row_weights=d.topk_weights)
+         each pair weighted in its activation, before the down GEMM (linear):
+         a pass over [M, F] fused into the activation, not one over [M, H]
     out = jax_ep.combine(y, d.handle)                  [T, H], summed in float32
   LL (decoding):
     d  = jax_ep.low_latency_dispatch(x, idx)           [E_local, R*T_ll, H] blocks
@@ -229,9 +231,8 @@ def _routed_ht(params, x, routed, config: MoeConfig):
   else:
     d = jax_ep.dispatch(x, routed.topk_idx, routed.topk_weights, **kwargs)
     rows = d.x
-  pairs = experts.grouped_mlp(rows, d.group_sizes, params["w_in"], params["w_out"],
-                              config.activation, config.gmm)
-  weighted = (pairs.astype(F32) * d.topk_weights[:, None]).astype(x.dtype)
+  weighted = experts.grouped_mlp(rows, d.group_sizes, params["w_in"], params["w_out"],
+                                 config.activation, config.gmm, row_weights=d.topk_weights)
   return jax_ep.combine(weighted, d.handle, config=ep), d.tokens_per_expert, d.num_dropped
 
 
