@@ -799,6 +799,11 @@ class Explorer:
           self.steps.append(chain)
           self.gate.append(previous)
         previous = ids
+    self.index_steps(len(layout.names))
+
+  def index_steps(self, num_cells: int) -> None:
+    """The tables the search reads, from self.steps over num_cells memory cells
+    (also called by models built on this one: protocol_model_two_level)."""
     n = len(self.steps)
     if n > 255 or max((len(s) for s in self.steps), default=0) >= HALTED:
       raise ValueError("the model's pcs are bytes: at most 255 threads of 254 steps")
@@ -819,8 +824,8 @@ class Explorer:
           writes[cell].append(k)
       self.writes_of.append(dict(writes))
       self.touches_of.append(dict(touches))
-    self.error_byte = n + len(layout.names)  # 1 once a read failed (exhaustive runs)
-    self.initial = bytes(n + len(layout.names) + 1)
+    self.error_byte = n + num_cells  # 1 once a read failed (exhaustive runs)
+    self.initial = bytes(n + num_cells + 1)
 
   # -------------------------------------------------------------- reduction
   def _frontier(self, state: bytes, frozen: int) -> list[int]:
