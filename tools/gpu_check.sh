@@ -38,7 +38,8 @@
 #                 .carry/base.tar.gz and BASE_COMMIT: tools/gpu_check_one_gpu.sh)
 #       layerbench jax_ep.bench --mode gmm and --mode layer in one process alone
 #                 on the GPU (EP1 speeds; not in the default phases); tokamax
-#                 rows when its wheels are carried in .whl
+#                 rows when its wheels are carried in .whl; with JAX_EP_TIMELINE=1
+#                 through benchmarks.probe: each layer row's kernel timeline
 #       transformer examples/moe_transformer.py with --grouped_matmul xla, then
 #                 auto, in one process alone on the GPU (tokens/s of each; not
 #                 in the default phases; optax from .whl if the machine lacks it)

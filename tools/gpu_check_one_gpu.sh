@@ -272,13 +272,16 @@ one_gpu_layer_bench() {
         .whl/*.whl > "$OUT/bench_site.log" 2>&1
     site=(PYTHONPATH="/tmp/jax_ep_bench_site:${PYTHONPATH:-}")
   fi
+  # JAX_EP_TIMELINE=1: the layer's rows with their kernel timelines (benchmarks/probe.py).
+  local bench=jax_ep.bench
+  [[ "${JAX_EP_TIMELINE:-}" == 1 ]] && bench=benchmarks.probe
   for mode in ${LAYER_BENCH_MODES:-gmm layer}; do
     log="$OUT/bench_ep1_${mode}.log"
     # LAYER_BENCH_ARGS may hold several flags. shellcheck disable=SC2086
-    env "${site[@]}" timeout "${BENCH_TIMEOUT_S:-600}" "$PY" -m jax_ep.bench --mode "$mode" \
+    env "${site[@]}" timeout "${BENCH_TIMEOUT_S:-600}" "$PY" -m "$bench" --mode "$mode" \
         --out_dir "$OUT" ${LAYER_BENCH_ARGS:-} > "$log" 2>&1
     rc=$?
-    note "bench --mode $mode (EP1, one process) rc=$rc"
+    note "bench --mode $mode (EP1, one process, $bench) rc=$rc"
     grep -E "^(forward|forward_backward|gate_up|down) " "$log" | tee -a "$SUMMARY"
     [ "$rc" -ne 0 ] && status=1 && grep -v "^[IW][0-9]\{4\} " "$log" | tail -15
     json=$(sed -n 's/^results: //p' "$log" | tail -1)

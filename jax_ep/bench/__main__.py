@@ -129,7 +129,7 @@ def network_main(run_as: str) -> int:
   return 0
 
 
-def single_device_main(run_as: str) -> int:
+def single_device_main(run_as: str, probes: Sequence[measure.Probe] = ()) -> int:
   """--mode gmm / layer: one process, one device; the table as it runs, and the
   JSON rewritten after every row ("complete": false until the last), so a run
   stopped by a time limit keeps the rows it measured."""
@@ -168,7 +168,8 @@ def single_device_main(run_as: str) -> int:
     from jax_ep.bench import layer  # pylint: disable=import-outside-toplevel
     rows, meta = layer.run(tokens, FLAGS.hidden, FLAGS.ffn, experts, FLAGS.topk, FLAGS.seed,
                            FLAGS.repeats, lax_backward=FLAGS.layer_lax_backward,
-                           lax_forward=FLAGS.layer_lax_forward, on_row=save_partial, gmm_implementations=FLAGS.layer_gmm)
+                           lax_forward=FLAGS.layer_lax_forward, on_row=save_partial,
+                           gmm_implementations=FLAGS.layer_gmm, probes=probes)
   failed = save(rows, meta)
   if path:
     print(f"results: {path}")
@@ -187,13 +188,13 @@ def main(argv: Sequence[str], run_as: str = "jax_ep.bench",
   """The bench (absl's main: ``argv`` are the arguments left after the flags).
 
   ``run_as``: the module ``python -m`` ran, for the JSON's command line.
-  ``probes``: looks inside each timing of ll and ht (measure.Probe; the
+  ``probes``: looks inside each timing of ll, ht and layer (measure.Probe; the
   repository's benchmarks/probe.py passes them), their results printed after the
   table and kept in the JSON's meta under their keys.
   """
   del argv
   if FLAGS.mode in ("gmm", "layer"):
-    return single_device_main(run_as)
+    return single_device_main(run_as, probes)
   if FLAGS.mode == "network":
     return network_main(run_as)
   if FLAGS.mode == "ht" and _RAGGED_FLAG not in os.environ.get("XLA_FLAGS", ""):

@@ -130,9 +130,12 @@ LAX_BACKWARD_SKIPPED = (
 
 def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, repeats: int,
         lax_backward: bool = False, lax_forward: bool = True, on_row: Callable[[list[dict]], None] | None = None,
-        gmm_implementations: Sequence[str] = ("auto",)) -> tuple[list[dict], dict]:
+        gmm_implementations: Sequence[str] = ("auto",),
+        probes: Sequence = ()) -> tuple[list[dict], dict]:
   """Rows (one per mode and system) and the run's settings; ``on_row`` gets the
-  rows so far after each one (the caller saves them as it goes)."""
+  rows so far after each one (the caller saves them as it goes). ``probes``
+  (jax_ep.bench.measure.Probe; those not kernels_only) look inside each timing:
+  their results go to the meta under their keys, by "mode: system"."""
   ep = jax_ep.EpConfig(num_experts=experts, hidden=hidden, max_tokens_per_rank=tokens,
                        num_topk=topk, group=jax_ep.EpGroup(axis_name="ep"),
                        enable_low_latency=False)
@@ -194,6 +197,8 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
   pairs = tokens * topk
   flops = dict(forward=6.0 * pairs * hidden * ffn, forward_backward=18.0 * pairs * hidden * ffn)
   rows: list[dict] = []
+  probed: dict[str, dict[str, dict]] = {}
+  probes_by_key = {p.key: p for p in probes}
   for mode in ("forward", "forward_backward"):
     floor_us = None
     for name, fn, args, cotangent in reversed(systems):   # the floor first: ratios need it
@@ -205,7 +210,12 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
         measured = single_device.Measured(None, error=(
             LAX_FORWARD_SKIPPED if mode == "forward" else LAX_BACKWARD_SKIPPED))
       else:
-        measured = single_device.measure(timed, args, repeats=repeats, check_memory=True)
+        measured = single_device.measure(
+            timed, args, repeats=repeats, check_memory=True,
+            probes=[p for p in probes if not p.kernels_only])
+        for key, result in measured.probed.items():
+          probed.setdefault(key, {})[f"{mode}: {name}"] = result
+          print(f"  {key}: {probes_by_key[key].format(result)}", flush=True)
       if name.startswith("floor"):
         floor_us = measured.us
       # Expected: the row left out on purpose, or an out-of-memory (ragged_dot's dense path).
@@ -223,7 +233,7 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
               pairs=pairs, backward_of="sum(y * dy), dy random bfloat16",
               activation="swiglu", dtype="bfloat16", repeats=repeats,
               useful_flops=flops, expert_alignment=config.gmm.row_alignment,
-              gmm_implementations=list(gmm_implementations))
+              gmm_implementations=list(gmm_implementations), **probed)
   meta["grouped_matmul"] = {p: v for p, v in vars(moe.grouped_matmul_plan(
       config.gmm, jax.ShapeDtypeStruct((pairs, hidden), BF16),
       jax.ShapeDtypeStruct((experts, hidden, 2 * ffn), BF16))).items() if p != "tiles"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 
@@ -39,12 +39,15 @@ class Measured:
     peak_bytes: what XLA's memory analysis of the one-call executable reports
       it needs on the device (arguments + outputs + temporaries - aliased),
       None when it did not compile.
+    probed: each probe's result (measure.Probe.key -> result), taken after the
+      timed executions.
   """
 
   us: float | None
   noise_us: float | None = None
   error: str | None = None
   peak_bytes: int | None = None
+  probed: dict[str, dict] = dataclasses.field(default_factory=dict)
 
 
 def peak_bytes(fn: Callable, args) -> int | None:
@@ -78,12 +81,15 @@ def memory_shortfall(peak: int | None) -> str | None:
 
 
 def measure(fn: Callable, args, num_calls: int = 5, repeats: int = 5,
-            warmup_calls: int = 20, check_memory: bool = False) -> Measured:
+            warmup_calls: int = 20, check_memory: bool = False,
+            probes: Sequence = ()) -> Measured:
   """Times ``fn(*args)`` (device arrays) per call; never raises.
 
   check_memory: first compare the one-call executable's memory analysis with
   the device's free memory (memory_shortfall), and report a shortfall as the
   error without running.
+  probes: jax_ep.bench.measure.Probe-likes (benchmarks/probe.py's timeline),
+  each given the long executable after the timing; their results in ``probed``.
   """
   peak = peak_bytes(fn, args)
   shortfall = memory_shortfall(peak) if check_memory else None
@@ -101,9 +107,17 @@ def measure(fn: Callable, args, num_calls: int = 5, repeats: int = 5,
       jax.block_until_ready(fns[num_calls](*args))
       if time.perf_counter() - warmup_start > WARMUP_SECONDS:
         break
+    for probe in probes:
+      probe.after_warmup()
     result = timing.time_loops(lambda n: jax.block_until_ready(fns[n](*args)), num_calls,
                                repeats)
+    probed = {}
+    for probe in probes:
+      looked = probe.after_timing(lambda: jax.block_until_ready(fns[num_calls](*args)),
+                                  num_calls)
+      if looked is not None:
+        probed[probe.key] = looked
   except Exception as e:  # pylint: disable=broad-except
     return Measured(None, error=f"{type(e).__name__}: {e}"[:400], peak_bytes=peak)
   us = result.median_us if result.median_us > 0 else None
-  return Measured(us, noise_us=result.noise_us, peak_bytes=peak)
+  return Measured(us, noise_us=result.noise_us, peak_bytes=peak, probed=probed)

@@ -120,3 +120,40 @@ def test_the_probe_module_asks_for_help_with_the_bench_flags():
                           capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "JAX_EP_TIMELINE=1" in result.stdout and "--mode" in result.stdout
+
+
+def test_a_one_device_timing_runs_its_probes_after_the_timed_executions():
+  """single_device.measure (the gmm and layer modes): each probe gets the long
+  executable (num_calls calls) after the timing; a None result leaves no entry."""
+  from jax_ep.bench import single_device  # pylint: disable=import-outside-toplevel
+  log: list = []
+  every = _Recording("every", False, log, dict(n=3))
+  silent = _Recording("silent", False, log, None)
+  measured = single_device.measure(lambda a: a * 2, (np.ones((8, 8), np.float32),),
+                                   num_calls=4, repeats=1, warmup_calls=1,
+                                   probes=(every, silent))
+  assert measured.error is None, measured.error
+  assert log == [("every", "after_warmup"), ("silent", "after_warmup"),
+                 ("every", "after_timing", 4), ("silent", "after_timing", 4)]
+  assert measured.probed == {"every": dict(n=3)}
+
+
+def test_the_layer_bench_with_the_timeline_probe_keeps_each_rows_timeline(tmp_path):
+  """python -m benchmarks.probe --mode layer with JAX_EP_TIMELINE=1 on CPU: every
+  timed row's timeline under meta.timeline, by "mode: system"."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_EP_TIMELINE="1")
+  env.pop(kernel_profile.ENV, None)
+  out = tmp_path / "layer.json"
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.probe", "--mode", "layer", "--tokens", "16",
+       "--hidden", "128", "--ffn", "64", "--num_experts", "4", "--topk", "2", "--repeats",
+       "1", "--nolayer_lax_forward", "--out", str(out)],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  data = json.loads(out.read_text())
+  # A row below the harness's noise has no time but ran, and was looked at.
+  timed = {f"{row['mode']}: {row['system']}" for row in data["rows"] if row["us"] is not None}
+  ran = {f"{row['mode']}: {row['system']}" for row in data["rows"] if row["error"] is None}
+  assert timed and timed <= set(data["meta"]["timeline"]) <= ran
+  assert all(summary["calls"] == 5 for summary in data["meta"]["timeline"].values())
+  assert "  timeline: " in result.stdout
