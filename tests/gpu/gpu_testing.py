@@ -182,12 +182,14 @@ def _per_shard(fn):
   return per_shard
 
 
-def _run(fn, mesh, locals_, check_vma: bool):
+def _run(fn, mesh, locals_, check_vma: bool, compiler_options: dict | None = None):
   per_shard = _per_shard(fn)
   args = [global_array(mesh, np.asarray(a)[None]) for a in locals_]
   _assert_no_collective(per_shard, mesh, args, check_vma)
   mapped = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=P("ep"), out_specs=P("ep"),
                                  check_vma=check_vma))
+  if compiler_options:
+    mapped = mapped.lower(*args).compile(compiler_options)
   return jax.tree.map(lambda o: _local(o)[0], mapped(*args))
 
 
@@ -204,9 +206,11 @@ def run(fn, mesh, *global_args, check_vma: bool = True):
   return _run(fn, mesh, [np.asarray(a)[rank()] for a in global_args], check_vma)
 
 
-def run_local(fn, mesh, *local_args, check_vma: bool = True):
-  """Like run, on inputs this rank built for itself alone ([...] per rank)."""
-  return _run(fn, mesh, local_args, check_vma)
+def run_local(fn, mesh, *local_args, check_vma: bool = True,
+              compiler_options: dict | None = None):
+  """Like run, on inputs this rank built for itself alone ([...] per rank);
+  compiler_options: XLA options of this program's compilation alone."""
+  return _run(fn, mesh, local_args, check_vma, compiler_options)
 
 
 def mine(host_result):
