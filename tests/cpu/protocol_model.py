@@ -812,18 +812,34 @@ class Explorer:
     self.actions = [[int(s.action) for s in steps] for steps in self.steps]
     self.cells = [[n + s.cell for s in steps] for steps in self.steps]
     self.values = [[s.value for s in steps] for steps in self.steps]
-    # Per thread and cell, the steps that write it and the steps that touch it.
-    self.writes_of: list[dict[int, list[int]]] = []
-    self.touches_of: list[dict[int, list[int]]] = []
-    for actions, cells in zip(self.actions, self.cells):
+    # Per cell, the threads that write it and the threads that touch it, each
+    # with the indices of those steps (ascending threads): the reduction looks
+    # at those threads only.
+    writes_of: dict[int, list[tuple[int, list[int]]]] = collections.defaultdict(list)
+    touches_of: dict[int, list[tuple[int, list[int]]]] = collections.defaultdict(list)
+    for j, (actions, cells) in enumerate(zip(self.actions, self.cells)):
       writes: dict[int, list[int]] = collections.defaultdict(list)
       touches: dict[int, list[int]] = collections.defaultdict(list)
       for k, (action, cell) in enumerate(zip(actions, cells)):
         touches[cell].append(k)
         if action in (Action.WRITE, Action.ADD):
           writes[cell].append(k)
-      self.writes_of.append(dict(writes))
-      self.touches_of.append(dict(touches))
+      for cell, indices in writes.items():
+        writes_of[cell].append((j, indices))
+      for cell, indices in touches.items():
+        touches_of[cell].append((j, indices))
+    self.writes_of = dict(writes_of)
+    self.touches_of = dict(touches_of)
+    # Each thread's gate as a slice [start, stop) of the threads (a kernel's
+    # chains are consecutive threads): the gate test, the search's most
+    # frequent, then compares two slices instead of looping over the threads.
+    self.gate_slices: list[tuple[int, int]] = []
+    for gate in self.gate:
+      start = gate[0] if gate else 0
+      if gate != tuple(range(start, start + len(gate))):
+        raise ValueError(f"a gate of consecutive threads, not {gate}")
+      self.gate_slices.append((start, start + len(gate)))
+    self.lengths_bytes = bytes(self.lengths)
     self.error_byte = n + num_cells  # 1 once a read failed (exhaustive runs)
     self.initial = bytes(n + num_cells + 1)
 
@@ -834,7 +850,7 @@ class Explorer:
     finished; a wait is passed if its cell holds the value now, or some
     non-frozen thread could write it first)."""
     front = list(state[:self.num_threads])
-    lengths = self.lengths
+    lengths, gate_slices = self.lengths, self.gate_slices
     can_write: set[tuple[int, int]] = set()
     can_add: set[int] = set()
     changed = True
@@ -842,7 +858,10 @@ class Explorer:
       changed = False
       for j in range(self.num_threads):
         k, end = front[j], lengths[j]
-        if j == frozen or k == end or any(front[u] != lengths[u] for u in self.gate[j]):
+        if j == frozen or k == end:
+          continue
+        start, stop = gate_slices[j]
+        if front[start:stop] != lengths[start:stop]:
           continue
         actions, cells, values = self.actions[j], self.cells[j], self.values[j]
         while k < end:
@@ -871,13 +890,8 @@ class Explorer:
     cell = self.cells[i][pc]
     writes = self.actions[i][pc] in (Action.WRITE, Action.ADD)
     table = self.touches_of if writes else self.writes_of
-    pending = []
-    for j in range(self.num_threads):
-      if j == i:
-        continue
-      indices = table[j].get(cell)
-      if indices and indices[-1] >= state[j]:
-        pending.append((j, indices))
+    pending = [(j, indices) for j, indices in table.get(cell, ())
+               if j != i and indices[-1] >= state[j]]
     if not pending:
       return True
     front = self._frontier(state, i)
@@ -929,8 +943,8 @@ class Explorer:
     on; the reduction keeps every state where nothing can step, so the sets of
     terminal and deadlocked states match the full search's (the tests)."""
     n = self.num_threads
-    lengths, actions, cells, values, gate = (self.lengths, self.actions, self.cells,
-                                             self.values, self.gate)
+    lengths, actions, cells, values = self.lengths, self.actions, self.cells, self.values
+    gate_slices, lengths_bytes = self.gate_slices, self.lengths_bytes
     parents: dict[bytes, tuple[bytes, int] | None] = {self.initial: None}
     queue = collections.deque([self.initial])
     terminal = 0
@@ -946,7 +960,8 @@ class Explorer:
         if pc >= lengths[t]:  # finished, or HALTED
           continue
         unfinished = True
-        if any(state[u] != lengths[u] for u in gate[t]):
+        start, stop = gate_slices[t]
+        if state[start:stop] != lengths_bytes[start:stop]:
           continue
         action, held, value = actions[t][pc], state[cells[t][pc]], values[t][pc]
         if action == Action.WAIT_EQ:

@@ -30,10 +30,16 @@ def _ops(program: pm.Program) -> int:
 
 
 @functools.cache
-def _family_sweep(shape: tuple[int, int], rule: Rule) -> pm.Report:
-  report = pm.check_families(ModelConfig(*shape, rule), max_calls=4)
+def _families(config: ModelConfig, max_calls: int = 4) -> pm.Report:
+  """pm.check_families, once per (config, max_calls) for the whole file: several
+  tests look at the same sweep."""
+  report = pm.check_families(config, max_calls)
   print(report.summary())
   return report
+
+
+def _family_sweep(shape: tuple[int, int], rule: Rule) -> pm.Report:
+  return _families(ModelConfig(*shape, rule))
 
 
 def test_programs_are_the_valid_ones():
@@ -131,7 +137,7 @@ def test_mixed_programs_fail_only_where_a_projection_does(num_ranks, rules):
   for rule in rules:
     config = ModelConfig(num_ranks, rule=rule)
     start = time.perf_counter()
-    families = pm.check_families(config, max_calls)
+    families = _families(config, max_calls)
     failing = {(f.program, f.routing) for f in families.failures}
     mixed = pm.mixed_programs(max_calls)
     report = pm.check(config, mixed)
@@ -204,7 +210,7 @@ def test_concurrent_blocks_cover_the_sequential_schedule():
     failing = []
     for concurrent in (False, True):
       config = ModelConfig(2, rule=rule, concurrent_blocks=concurrent)
-      report = pm.check_families(config, 4)
+      report = _families(config)
       failing.append({(f.program, f.routing) for f in report.failures})
     assert failing[0] <= failing[1]
     assert bool(failing[1]) == (rule is Rule.F521F4F)
