@@ -16,6 +16,7 @@ lowered for the CUDA backend). Tests that need a collective are marked
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import jax
@@ -395,13 +396,32 @@ def hash_fold(acc, a):
   return acc * jnp.uint32(_HASH_MULT) + jnp.sum(word * position, dtype=jnp.uint32)
 
 
-def hash_fold_host(acc: int, a: np.ndarray) -> int:
-  """numpy twin of hash_fold (same value for the same bits)."""
+@functools.cache
+def _hash_positions(size: int) -> np.ndarray:
+  """uint32[size]: i * 2654435761 + 1 (the host hashes fold many arrays of few sizes)."""
+  position = np.arange(size, dtype=np.uint32) * np.uint32(_HASH_POS) + np.uint32(1)
+  position.flags.writeable = False
+  return position
+
+
+def _hash_words(a) -> np.ndarray:
   a = np.asarray(a)
   if a.dtype == np.bool_:
     a = a.astype(np.uint8)
-  word = bits(a).astype(np.uint32).reshape(-1)
-  position = np.arange(word.shape[0], dtype=np.uint32) * np.uint32(_HASH_POS) + np.uint32(1)
-  total = int(np.sum(word * position, dtype=np.uint32))
+  return bits(a).astype(np.uint32)
+
+
+def hash_fold_host(acc: int, a: np.ndarray) -> int:
+  """numpy twin of hash_fold (same value for the same bits)."""
+  word = _hash_words(a).reshape(-1)
+  total = int(np.sum(word * _hash_positions(word.shape[0]), dtype=np.uint32))
   return (acc * _HASH_MULT + total) % (1 << 32)
+
+
+def hash_fold_host_each(accs: list[int], a: np.ndarray) -> list[int]:
+  """[hash_fold_host(accs[r], a[r]) for every r], in one pass over the stacked
+  ``a`` ([R, ...]): the sums are modulo 2**32 either way."""
+  word = _hash_words(a).reshape(len(accs), -1)
+  totals = np.sum(word * _hash_positions(word.shape[1]), axis=1, dtype=np.uint32)
+  return [(acc * _HASH_MULT + int(total)) % (1 << 32) for acc, total in zip(accs, totals)]
 

@@ -25,7 +25,7 @@ import numpy as np
 
 import jax_ep
 import host_reference as hr
-from gpu_testing import (hash_fold, hash_fold_host, stable_dyadic_weights, stable_routing,
+from gpu_testing import (hash_fold, hash_fold_host_each, stable_dyadic_weights, stable_routing,
                          stable_rows)
 
 NUM_CALLS = 10_000
@@ -82,8 +82,6 @@ def host_hashes(num_ranks: int, num_calls: int = NUM_CALLS) -> list[int]:
     ll_out = hr.ll_combine(ll.x, idx[:, call], w, ll)
     ht = hr.ht_dispatch(x, idx[:, call], w, config)
     ht_out = hr.ht_combine(ht.x, ht)
-    for r in range(num_ranks):
-      for value in (ll.x[r], ll.recv_src[r], ll_out[r], ht.x[r], ht.topk_idx[r], ht.recv_src[r],
-                    ht_out[r]):
-        acc[r] = hash_fold_host(acc[r], value)
+    for value in (ll.x, ll.recv_src, ll_out, ht.x, ht.topk_idx, ht.recv_src, ht_out):
+      acc = hash_fold_host_each(acc, value)
   return acc
