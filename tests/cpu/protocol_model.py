@@ -382,6 +382,13 @@ class Action(enum.IntEnum):
   READ = 4  # the data read after a wait: the cell must hold `value` (this call's tag)
 
 
+# The actions as plain ints, for the search's inner loops (an enum member's
+# lookup there costs more than the comparison).
+_WRITE, _ADD, _WAIT_EQ, _WAIT_GE, _READ = (int(a) for a in (Action.WRITE, Action.ADD,
+                                                            Action.WAIT_EQ, Action.WAIT_GE,
+                                                            Action.READ))
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
   """One transition of one rank: an action on a cell, in call `call` of the
@@ -866,15 +873,15 @@ class Explorer:
         actions, cells, values = self.actions[j], self.cells[j], self.values[j]
         while k < end:
           action, cell, value = actions[k], cells[k], values[k]
-          if action == Action.WAIT_EQ:
+          if action == _WAIT_EQ:
             if state[cell] != value and (cell, value) not in can_write:
               break
-          elif action == Action.WAIT_GE:
+          elif action == _WAIT_GE:
             if state[cell] < value and cell not in can_add:
               break
-          elif action == Action.WRITE:
+          elif action == _WRITE:
             can_write.add((cell, value))
-          elif action == Action.ADD:
+          elif action == _ADD:
             can_add.add(cell)
           k += 1
         if k != front[j]:
@@ -888,7 +895,7 @@ class Explorer:
     against any access)."""
     pc = state[i]
     cell = self.cells[i][pc]
-    writes = self.actions[i][pc] in (Action.WRITE, Action.ADD)
+    writes = self.actions[i][pc] in (_WRITE, _ADD)
     table = self.touches_of if writes else self.writes_of
     pending = [(j, indices) for j, indices in table.get(cell, ())
                if j != i and indices[-1] >= state[j]]
@@ -964,13 +971,13 @@ class Explorer:
         if state[start:stop] != lengths_bytes[start:stop]:
           continue
         action, held, value = actions[t][pc], state[cells[t][pc]], values[t][pc]
-        if action == Action.WAIT_EQ:
+        if action == _WAIT_EQ:
           if held != value:
             continue
-        elif action == Action.WAIT_GE:
+        elif action == _WAIT_GE:
           if held < value:
             continue
-        elif action == Action.READ and held != value:
+        elif action == _READ and held != value:
           failure = self._wrong_read(parents, state, t)
           if not exhaustive:
             return Outcome(len(parents), terminal, failure)
@@ -999,11 +1006,11 @@ class Explorer:
         successor = bytearray(state)
         successor[t] = pc + 1
         action, cell, value = actions[t][pc], cells[t][pc], values[t][pc]
-        if action == Action.WRITE:
+        if action == _WRITE:
           successor[cell] = value
-        elif action == Action.ADD:
+        elif action == _ADD:
           successor[cell] += value
-        elif action == Action.READ and state[cell] != value:
+        elif action == _READ and state[cell] != value:
           successor[t] = HALTED
           successor[self.error_byte] = 1
         successor = bytes(successor)
