@@ -53,6 +53,8 @@ flags.DEFINE_list("gmm_implementations", ["xla", "pallas", "worklist", "tokamax"
 flags.DEFINE_list("layer_gmm", ["auto"], "layer: the grouped_matmul implementations of "
                   "jax_ep.moe's rows (auto, pallas, worklist, tokamax, xla), each a layer row "
                   "and an experts-alone row")
+flags.DEFINE_list("layer_num_sms", [], "layer: also time jax_ep.moe (auto) at these HT SM "
+                  "budgets (EpGroup.num_sms; default: the group's default only)")
 flags.DEFINE_list("nodes", ["2", "8"], "network: node counts of the EP groups")
 flags.DEFINE_integer("ranks_per_node", 8, "network: GPUs per node (one NVLink domain)")
 flags.DEFINE_bool("gmm_sweep", False, "gmm: also time the Pallas and work-list kernels at "
@@ -169,7 +171,8 @@ def single_device_main(run_as: str, probes: Sequence[measure.Probe] = ()) -> int
     rows, meta = layer.run(tokens, FLAGS.hidden, FLAGS.ffn, experts, FLAGS.topk, FLAGS.seed,
                            FLAGS.repeats, lax_backward=FLAGS.layer_lax_backward,
                            lax_forward=FLAGS.layer_lax_forward, on_row=save_partial,
-                           gmm_implementations=FLAGS.layer_gmm, probes=probes)
+                           gmm_implementations=FLAGS.layer_gmm, probes=probes,
+                           num_sms=[int(n) for n in FLAGS.layer_num_sms])
   failed = save(rows, meta)
   if path:
     print(f"results: {path}")

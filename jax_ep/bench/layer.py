@@ -14,7 +14,9 @@ Systems (a DeepSeek-V3 rank's share by default: hidden 7168, expert FFN 2048,
 - the floor: dense matmuls of the same useful FLOPs (the expert GEMMs of
   pairs = tokens * top-k rows; forward+backward: their gradients too).
 ``gmm_implementations`` beyond "auto" (``--layer_gmm``) add jax_ep.moe and its
-experts alone on those grouped_matmul implementations, in the same run.
+experts alone on those grouped_matmul implementations, in the same run;
+``num_sms`` (``--layer_num_sms``) adds jax_ep.moe rows at those HT SM budgets
+(EpGroup.num_sms; the runtime is initialised again for each).
 Useful FLOPs: forward 2 * pairs * H * 3F (gate+up and down), forward+backward 3x.
 Every system gets the same router weights, so the same routing. The chart of the
 rows is drawn from the JSON (benchmarks/plot_layer.py).
@@ -131,7 +133,7 @@ LAX_BACKWARD_SKIPPED = (
 def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, repeats: int,
         lax_backward: bool = False, lax_forward: bool = True, on_row: Callable[[list[dict]], None] | None = None,
         gmm_implementations: Sequence[str] = ("auto",),
-        probes: Sequence = ()) -> tuple[list[dict], dict]:
+        probes: Sequence = (), num_sms: Sequence[int] = ()) -> tuple[list[dict], dict]:
   """Rows (one per mode and system) and the run's settings; ``on_row`` gets the
   rows so far after each one (the caller saves them as it goes). ``probes``
   (jax_ep.bench.measure.Probe; those not kernels_only) look inside each timing:
@@ -160,6 +162,15 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
       return moe.moe_layer(p, xx, config=layer_config).y
     return layer
 
+  # The EpConfig each system needs initialised (None: none); one runtime at a time.
+  current_ep = [ep]
+
+  def runtime_for(wanted: jax_ep.EpConfig | None) -> None:
+    if wanted is not None and wanted != current_ep[0]:
+      jax_ep.finalize()
+      jax_ep.initialize(wanted, mesh)
+      current_ep[0] = wanted
+
   expert_rows, group_sizes = _expert_major_rows(config, mesh, specs, placed, x_placed)
   expert_rows_dy = jax.random.normal(key_rows_dy, expert_rows.shape, F32).astype(BF16)
 
@@ -173,26 +184,35 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
     return "" if implementation == "auto" else f" {implementation}"
 
   expert_weights = {"w_in": params["w_in"], "w_out": params["w_out"]}
-  # (name, function, its forward arguments, y's cotangent for the forward+backward)
+  def with_sms(sms: int) -> moe.MoeConfig:
+    return dataclasses.replace(config, ep=dataclasses.replace(
+        ep, group=dataclasses.replace(ep.group, num_sms=sms)))
+
+  # (name, function, its forward arguments, y's cotangent for the forward+backward,
+  #  the EpConfig it runs on or None)
   systems = [
+      (f"jax_ep.moe (HT expert-major, grouped_matmul, {sms} SMs)", jax_ep_layer(with_sms(sms)),
+       (placed, x_placed), dy_placed, with_sms(sms).ep)
+      for sms in num_sms]
+  systems += [
       (f"jax_ep.moe (HT expert-major, grouped_matmul{on(impl)})",
        jax_ep_layer(dataclasses.replace(config, gmm=dataclasses.replace(
-           config.gmm, implementation=impl))), (placed, x_placed), dy_placed)
+           config.gmm, implementation=impl))), (placed, x_placed), dy_placed, ep)
       for impl in gmm_implementations]
   systems += [
       ("MaxText algorithm, jax.lax.ragged_dot", _maxtext_layer(_lax_gemm, topk), (params, x),
-       dy),
+       dy, None),
       ("MaxText algorithm, grouped_matmul", _maxtext_layer(moe.grouped_matmul, topk),
-       (params, x), dy),
+       (params, x), dy, None),
   ]
   systems += [
       (f"jax_ep.moe experts alone (grouped_matmul{on(impl)})",
        experts_alone(dataclasses.replace(config.gmm, implementation=impl)),
-       (expert_weights, expert_rows), expert_rows_dy)
+       (expert_weights, expert_rows), expert_rows_dy, None)
       for impl in gmm_implementations]
   systems += [
       ("floor: dense matmuls, same useful FLOPs", _floor(topk),
-       ({"w_in": params["w_in"][0], "w_out": params["w_out"][0]}, x), dy_pairs),
+       ({"w_in": params["w_in"][0], "w_out": params["w_out"][0]}, x), dy_pairs, None),
   ]
   pairs = tokens * topk
   flops = dict(forward=6.0 * pairs * hidden * ffn, forward_backward=18.0 * pairs * hidden * ffn)
@@ -201,7 +221,8 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
   probes_by_key = {p.key: p for p in probes}
   for mode in ("forward", "forward_backward"):
     floor_us = None
-    for name, fn, args, cotangent in reversed(systems):   # the floor first: ratios need it
+    for name, fn, args, cotangent, runs_on in reversed(systems):  # the floor first (ratios)
+      runtime_for(runs_on)
       timed = fn if mode == "forward" else _forward_backward(fn)
       args = args if mode == "forward" else args + (cotangent,)
       lax_row_wanted = lax_forward if mode == "forward" else lax_backward
@@ -233,7 +254,8 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
               pairs=pairs, backward_of="sum(y * dy), dy random bfloat16",
               activation="swiglu", dtype="bfloat16", repeats=repeats,
               useful_flops=flops, expert_alignment=config.gmm.row_alignment,
-              gmm_implementations=list(gmm_implementations), **probed)
+              gmm_implementations=list(gmm_implementations), num_sms=list(num_sms),
+              default_num_sms=ep.num_sms, **probed)
   meta["grouped_matmul"] = {p: v for p, v in vars(moe.grouped_matmul_plan(
       config.gmm, jax.ShapeDtypeStruct((pairs, hidden), BF16),
       jax.ShapeDtypeStruct((experts, hidden, 2 * ffn), BF16))).items() if p != "tiles"}
@@ -241,7 +263,7 @@ def run(tokens: int, hidden: int, ffn: int, experts: int, topk: int, seed: int, 
 
 
 def format_row(row: dict) -> str:
-  head = f"{row['mode']:17s} {row['system']:46s}"
+  head = f"{row['mode']:17s} {row['system']:54s}"
   if row["us"] is None:
     error = row["error"] or ""
     if not error:

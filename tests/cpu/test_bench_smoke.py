@@ -210,7 +210,7 @@ def test_single_device_modes_write_their_rows(tmp_path, mode):
   result = subprocess.run(
       [sys.executable, "-m", "jax_ep.bench", "--mode", mode, "--tokens", "32", "--hidden", "128",
        "--ffn", "64", "--num_experts", "4", "--topk", "2", "--repeats", "2", "--out", str(out)]
-      + (["--layer_gmm", "auto,xla"] if mode == "layer" else []),
+      + (["--layer_gmm", "auto,xla", "--layer_num_sms", "8"] if mode == "layer" else []),
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
   payload = json.loads(out.read_text())
@@ -220,10 +220,14 @@ def test_single_device_modes_write_their_rows(tmp_path, mode):
     assert {row["product"] for row in payload["rows"]} == {"forward", "input_grad",
                                                           "weight_grad"}
   else:
-    # --layer_gmm auto,xla: jax_ep.moe and its experts alone on each.
-    assert len(systems) == 7 and {"jax_ep.moe experts alone (grouped_matmul)",
+    # --layer_gmm auto,xla: jax_ep.moe and its experts alone on each; --layer_num_sms 8:
+    # jax_ep.moe once more, on a runtime initialised again with that SM budget.
+    assert len(systems) == 8 and {"jax_ep.moe experts alone (grouped_matmul)",
                                   "jax_ep.moe (HT expert-major, grouped_matmul xla)",
-                                  "jax_ep.moe experts alone (grouped_matmul xla)"} <= systems
+                                  "jax_ep.moe experts alone (grouped_matmul xla)",
+                                  "jax_ep.moe (HT expert-major, grouped_matmul, 8 SMs)"
+                                  } <= systems
+    assert payload["meta"]["num_sms"] == [8]
     assert {r["mode"] for r in payload["rows"]} == {"forward", "forward_backward"}
   assert payload["complete"] is True
   # The one row a run leaves out unless asked (--layer_lax_backward) says so.
