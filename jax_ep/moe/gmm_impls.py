@@ -9,8 +9,10 @@ and past ``sum(group_sizes)`` belong to no group.
   weight_grad   d_w[G, K, N] = rows[group g]^T @ d_out[group g]   (0 for an empty group)
 
 Each returns the row operand's dtype, accumulated in float32. Rows outside
-every group are *unspecified* in the forward and input_grad results of the
-Pallas kernels (they never write them); grouped_matmul masks them.
+every group are *unspecified* in the forward and input_grad results of JAX's
+Pallas kernels (they never write them), and grouped_matmul masks them; the
+work-list kernel writes zeros there itself (ZERO_OUTSIDE_GROUPS), so its
+results need no mask.
 
 - ``xla``: ``jax.lax.ragged_dot`` / ``ragged_dot_general``, on every platform.
   On NVIDIA GPUs XLA lowers the forward and input_grad to cuDNN only with
@@ -43,6 +45,9 @@ import jax.numpy as jnp
 
 F32 = jnp.float32
 PRODUCTS = ("forward", "input_grad", "weight_grad")
+# The implementations whose forward and input_grad results are zero outside
+# every group as they come out of the kernel (no mask needed).
+ZERO_OUTSIDE_GROUPS = frozenset({"worklist"})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -187,8 +187,14 @@ def grouped_matmul(rows: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
   return _grouped_matmul(plan, rows, w, group_sizes)
 
 
-def _outside_groups_zero(out: jax.Array, group_sizes: jax.Array) -> jax.Array:
-  """Rows at and past sum(group_sizes) set to 0 (the kernels leave them unwritten)."""
+def _outside_groups_zero(implementation: str, out: jax.Array, group_sizes: jax.Array
+                         ) -> jax.Array:
+  """Rows at and past sum(group_sizes) set to 0, where ``implementation`` leaves
+  them unwritten (JAX's Pallas kernels). The mask is a pass of its own over
+  [M, N] when the result goes to a custom call (the layer's combine), so the
+  implementations that write the zeros themselves skip it."""
+  if implementation in gmm_impls.ZERO_OUTSIDE_GROUPS:
+    return out
   in_group = jnp.arange(out.shape[0], dtype=jnp.int32)[:, None] < jnp.sum(group_sizes)
   return jnp.where(in_group, out, jnp.zeros((), out.dtype))
 
@@ -196,7 +202,7 @@ def _outside_groups_zero(out: jax.Array, group_sizes: jax.Array) -> jax.Array:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _grouped_matmul(plan: Plan, rows, w, group_sizes):
   out = plan.functions()["forward"](rows, w, group_sizes)
-  return _outside_groups_zero(vary_like(out, rows), group_sizes)
+  return _outside_groups_zero(plan.forward, vary_like(out, rows), group_sizes)
 
 
 def _grouped_matmul_fwd(plan, rows, w, group_sizes):
@@ -211,7 +217,7 @@ def _grouped_matmul_bwd(plan, residuals, d_out):
   # which the Pallas kernels' results do not carry.
   d_rows = vary_like(functions["input_grad"](d_out, w, group_sizes), rows)
   d_w = vary_like(functions["weight_grad"](rows, d_out, group_sizes).astype(w.dtype), w)
-  return _outside_groups_zero(d_rows, group_sizes), d_w, None
+  return _outside_groups_zero(plan.input_grad, d_rows, group_sizes), d_w, None
 
 
 _grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)

@@ -1,8 +1,10 @@
 """The work list of jax_ep.moe.worklist_gmm, on the CPU: every row of every group
-is covered by exactly one item of its own group, no item reaches past the rows,
-the list fits its static length on adversarial sizes, and a host replay of the
-list (each item computing its rows as the kernel does) equals the ragged
-product. The kernel itself lowers for sm_90 here; it runs in tests/gpu."""
+is covered by exactly one item of its own group and every row past the groups by
+exactly one tail item, no item reaches past the rows, the list fits its static
+length on adversarial sizes, and a host replay of the list (each item computing
+its rows as the kernel does, a tail item storing zeros) equals the ragged
+product on every row. The kernel itself lowers for sm_90 here; it runs in
+tests/gpu."""
 
 import functools
 
@@ -28,14 +30,16 @@ SIZES = [
 
 
 def _covering(items: worklist_gmm.WorkList, num_rows: int, num_groups: int) -> np.ndarray:
-  """group of each row per the list (-1: no item), failing on a row covered twice."""
-  owner = np.full(num_rows, -1)
+  """group of each row per the list (-1: a tail item's row), failing on a row
+  covered twice or not at all."""
+  owner = np.full(num_rows, -2)
   for group, block, lo, hi in zip(*(np.asarray(a) for a in items)):
-    assert 0 <= lo <= hi <= BLOCK and 0 <= group < num_groups
+    assert 0 <= lo <= hi <= BLOCK and -1 <= group < num_groups
     for row in range(block * BLOCK + lo, block * BLOCK + hi):
       assert row < num_rows, f"item reaches row {row} of {num_rows}"
-      assert owner[row] == -1, f"row {row} covered twice"
+      assert owner[row] == -2, f"row {row} covered twice"
       owner[row] = group
+  assert np.all(owner != -2), f"rows {np.flatnonzero(owner == -2)} covered by no item"
   return owner
 
 
@@ -58,21 +62,27 @@ def test_each_row_of_a_group_is_covered_once_by_its_group(name, sizes, num_rows)
   np.testing.assert_array_equal(_covering(items, num_rows, len(sizes)),
                                 _expected_owner(sizes, num_rows))
   used = np.asarray(items.hi) > np.asarray(items.lo)
-  # Non-empty items first, in (group, block) order: the kernel's snake reaches the
-  # empty ones last.
+  groups = np.asarray(items.group)
+  # The groups' items first, in (group, block) order, then the tail's, in block
+  # order, then the empty ones: the kernel's snake reaches those last.
   assert not np.any(used[np.argmin(used):]) or used.all()
-  keys = np.asarray(items.group)[used] * 10**6 + np.asarray(items.block)[used]
-  assert np.all(np.diff(keys) > 0)
+  kind = np.where(groups >= 0, 0, 1)[used]
+  assert np.all(np.diff(kind) >= 0)
+  keys = groups[used] * 10**6 + np.asarray(items.block)[used]
+  assert np.all(np.diff(keys[kind == 0]) > 0) and np.all(np.diff(keys[kind == 1]) > 0)
 
 
-def test_the_static_length_holds_at_its_worst():
-  # Every group boundary cuts a block: one extra item per boundary, no more.
+@pytest.mark.parametrize("tail", [False, True], ids=["groups_fill_the_rows", "tail_inside_a_block"])
+def test_the_static_length_holds_at_its_worst(tail):
+  # Every group boundary cuts a block: one extra item per boundary; and where the
+  # groups end inside a block, one more for the tail's part of it. No more.
   rng = np.random.default_rng(0)
   for _ in range(50):
     num_groups = int(rng.integers(1, 12))
     num_rows = BLOCK * int(rng.integers(1, 9))
-    cuts = np.sort(rng.integers(0, num_rows + 1, num_groups - 1))
-    sizes = np.diff(np.concatenate([[0], cuts, [num_rows]])).astype(np.int32)
+    in_groups = num_rows - int(rng.integers(1, BLOCK)) if tail else num_rows
+    cuts = np.sort(rng.integers(0, in_groups + 1, num_groups - 1))
+    sizes = np.diff(np.concatenate([[0], cuts, [in_groups]])).astype(np.int32)
     items = worklist_gmm.work_list(jnp.asarray(sizes), num_rows, BLOCK)
     np.testing.assert_array_equal(_covering(items, num_rows, num_groups),
                                   _expected_owner(sizes.tolist(), num_rows))
@@ -86,10 +96,13 @@ def test_a_host_replay_of_the_list_is_the_ragged_product(name, sizes, num_rows):
   lhs = rng.integers(-4, 5, (num_rows, 8)).astype(np.float32)
   rhs = rng.integers(-4, 5, (len(sizes), 8, 4)).astype(np.float32)
   items = worklist_gmm.work_list(jnp.asarray(sizes, jnp.int32), num_rows, BLOCK)
-  out = np.zeros((num_rows, 4), np.float32)
+  out = np.full((num_rows, 4), np.nan, np.float32)   # every row must be stored
   for group, block, lo, hi in zip(*(np.asarray(a) for a in items)):
-    whole_block = lhs[block * BLOCK:(block + 1) * BLOCK] @ rhs[group]   # the kernel's tile
-    out[block * BLOCK + lo:block * BLOCK + hi] = whole_block[lo:hi]    # its stores
+    if group < 0:   # a tail item: the accumulator as it starts, no K loop
+      whole_block = np.zeros((BLOCK, 4), np.float32)
+    else:
+      whole_block = lhs[block * BLOCK:(block + 1) * BLOCK] @ rhs[group]   # the kernel's tile
+    out[block * BLOCK + lo:block * BLOCK + hi] = whole_block[lo:hi]      # its stores
   want = np.asarray(jax.lax.ragged_dot(jnp.asarray(lhs), jnp.asarray(rhs),
                                        jnp.asarray(sizes, jnp.int32)))
   np.testing.assert_array_equal(out, want)
