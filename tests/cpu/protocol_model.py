@@ -140,7 +140,7 @@ import enum
 import itertools
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 
 class Rule(enum.Enum):
@@ -1054,6 +1054,27 @@ class Report:
 
   def first_failure(self) -> ProgramFailure | None:
     return shortest(self.failures)
+
+
+def compare_with_full(explore: Callable[..., Report], cases: Iterable[tuple]
+                      ) -> tuple[int, int, int]:
+  """Runs each (program, routing) of ``cases`` exhaustively with the persistent-set
+  reduction and without (``explore(program, routing, reduce)`` returns the run's
+  Report) and asserts that both reach the same outcome, the same terminal and
+  deadlocked states, and at least one of them (either model's Report serves).
+  Returns the states of the reduced searches, of the full ones, and how many
+  cases failed."""
+  reduced_states = full_states = failing = 0
+  for program, routing in cases:
+    reduced, full = explore(program, routing, True), explore(program, routing, False)
+    reduced_states += reduced.states
+    full_states += full.states
+    where = (program, routing.name)
+    assert (reduced.failure is None) == (full.failure is None), where
+    assert reduced.terminal == full.terminal and reduced.deadlocks == full.deadlocks, where
+    assert reduced.terminal or reduced.deadlocks, where
+    failing += full.failure is not None
+  return reduced_states, full_states, failing
 
 
 def shortest(failures: Iterable[ProgramFailure]) -> ProgramFailure | None:

@@ -186,20 +186,12 @@ def test_reduction_matches_the_full_search(config, programs, classes):
   """The persistent-set search reaches exactly the full search's terminal and
   deadlocked states (failed reads included: exhaustive runs), with the NICs'
   threads, which no kernel boundary gates."""
-  reduced_states = full_states = failing = 0
-  for program in programs:
-    for routing in tl.routing_classes(config):
-      if classes is not None and routing.name not in classes:
-        continue
-      reduced = tl.TwoLevelExplorer(config, program, routing).run(exhaustive=True)
-      full = tl.TwoLevelExplorer(config, program, routing, reduce=False).run(exhaustive=True)
-      reduced_states += reduced.states
-      full_states += full.states
-      where = (program, routing.name)
-      assert (reduced.failure is None) == (full.failure is None), where
-      assert reduced.terminal == full.terminal and reduced.deadlocks == full.deadlocks, where
-      assert reduced.terminal or reduced.deadlocks, where
-      failing += full.failure is not None
+  cases = [(program, routing) for program in programs for routing in tl.routing_classes(config)
+           if classes is None or routing.name in classes]
+  reduced_states, full_states, failing = pm.compare_with_full(
+      lambda program, routing, reduce: tl.TwoLevelExplorer(config, program, routing,
+                                                           reduce=reduce).run(exhaustive=True),
+      cases)
   print(f"{config.variant.value} {config.nodes}x{config.local}: {reduced_states} states "
         f"reduced, {full_states} full, {failing} failing")
   assert bool(failing) == (config.variant is not V.CORRECT)
