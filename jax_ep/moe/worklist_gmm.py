@@ -104,7 +104,8 @@ def work_list(group_sizes: jax.Array, num_rows: int, block_m: int) -> WorkList:
       group=jnp.where(used, group, jnp.where(is_tail, -1, zero)),
       block=jnp.where(used, block, jnp.where(is_tail, tail_block, zero)),
       lo=jnp.where(used, lo, jnp.where(is_tail, tail_lo, zero)),
-      hi=jnp.where(used, hi, jnp.where(is_tail, block_m, zero)))
+      hi=jnp.where(used, hi, jnp.where(
+          is_tail, jnp.minimum(num_rows - tail_block * block_m, block_m), zero)))
 
 
 def _num_sms() -> int:

@@ -26,6 +26,7 @@ SIZES = [
     ("rows_past_the_groups", [7, 9], 80),
     ("sizes_past_the_rows", [40, 40, 40], 64),      # sum > M: clipped to M
     ("negative_size", [8, -5, 8], 32),
+    ("rows_off_the_block", [5, 9], 40),              # the last block holds 8 rows
 ]
 
 
