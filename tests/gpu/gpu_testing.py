@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import statistics
 
 import jax
 import jax.numpy as jnp
@@ -277,9 +278,22 @@ def routing(gen: np.random.Generator, num_tokens: int, num_topk: int, num_expert
   return global_routing(gen, (), num_tokens, num_topk, num_experts, none_fraction)
 
 
+@functools.lru_cache(maxsize=None)
+def _normal_quantiles(dtype) -> np.ndarray:
+  """dtype[65536]: the standard normal's quantiles at (i + 1/2) / 65536, rounded
+  to dtype (from -4.33 to 4.33)."""
+  inv_cdf = statistics.NormalDist().inv_cdf
+  return np.array([inv_cdf((i + 0.5) / 65536) for i in range(65536)], np.float32).astype(dtype)
+
+
 def rows(gen: np.random.Generator, shape, dtype=BF16) -> np.ndarray:
-  """Standard-normal rows (bf16 by default), built on the host."""
-  return gen.standard_normal(shape, dtype=np.float32).astype(dtype)
+  """Standard-normal rows (bf16 by default), built on the host: a uniform 16-bit
+  draw per element picks one of 65536 equally likely normal quantiles. A draw
+  costs a table lookup, about 8x less than numpy's standard_normal plus the
+  bf16 rounding; the suite's largest inputs (hundreds of MB, on every rank)
+  were most of some tests' time on CPU processes."""
+  draws = gen.integers(0, 65536, size=shape, dtype=np.uint16)
+  return _normal_quantiles(np.dtype(dtype))[draws]
 
 
 def weights(gen: np.random.Generator, shape) -> np.ndarray:

@@ -41,10 +41,20 @@ def host_scale(num_local: int) -> np.ndarray:
           + np.float32(0.0625) * ranks).astype(F32)
 
 
-def host_expert(x: np.ndarray) -> np.ndarray:
-  """[R, E_local, L, H] dispatched rows -> the experts' outputs (bf16)."""
+def host_expert(x: np.ndarray, count: np.ndarray) -> np.ndarray:
+  """[R, E_local, L, H] dispatched rows -> the experts' outputs (bf16).
+
+  count: int[R, E_local], the rows each expert received (LlDispatch.count).
+  Only those rows are computed: the host oracle's rows past the count are
+  zeros, and so is their product (the same result as over every row, at a
+  fraction of the cost: most of an LL buffer's L = R * T_ll rows are past the
+  count)."""
   c = host_scale(x.shape[1])
-  return (x.astype(F32) * c[:, :, None, None]).astype(BF16)
+  valid = valid_rows(count, x.shape[2])                       # [R, E_local, L]
+  out = np.zeros(x.shape, BF16)
+  scale = np.broadcast_to(c[:, :, None], valid.shape)[valid]
+  out[valid] = (x[valid].astype(F32) * scale[:, None]).astype(BF16)
+  return out
 
 
 def valid_rows(count: np.ndarray, rows_: int) -> np.ndarray:

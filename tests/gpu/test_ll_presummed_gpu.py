@@ -44,7 +44,7 @@ def _inputs(seed, e, k, t_local, h):
 
 def _host_presummed(x, idx, w, config):
   layout = hr.ll_dispatch(x, idx, config)
-  y = host_expert(layout.x)
+  y = host_expert(layout.x, layout.count)
   valid = np.arange(y.shape[2]) < layout.count[..., None]
   y = np.where(valid[..., None], y, 0).astype(y.dtype)
   return hr.ll_combine_presummed(y, idx, w, layout), y, layout
@@ -135,7 +135,7 @@ def test_presummed_and_per_pair_combines_alternate():
       want, _, _ = _host_presummed(x, idx[:, call], w, config)
     else:
       layout = hr.ll_dispatch(x, idx[:, call], config)
-      want = hr.ll_combine(host_expert(layout.x), idx[:, call], w, layout)
+      want = hr.ll_combine(host_expert(layout.x, layout.count), idx[:, call], w, layout)
     assert_bitwise(outs[call], mine(want), f"call {call}")
 
 

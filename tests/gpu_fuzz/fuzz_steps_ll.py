@@ -80,7 +80,7 @@ def check_combine(out, x: np.ndarray, idx: np.ndarray, w: np.ndarray, config: Ep
     assert_bitwise(out, mine(want), name)
     return
   layout = hr.ll_dispatch(x, idx, config)
-  want = hr.ll_combine(host_expert(layout.x), idx, w, layout)
+  want = hr.ll_combine(host_expert(layout.x, layout.count), idx, w, layout)
   assert out.dtype == want.dtype == BF16, (name, out.dtype)
   assert_within_ulp(out, mine(want), LL_COMBINE_ULPS, name)
 
@@ -208,7 +208,7 @@ class LlGradStep:
   def check(self, config: EpConfig, a: dict[str, np.ndarray], out: Any) -> None:
     x, idx, w, cot = a["x"], a["idx"], a["w"], a["cot"]
     layout = hr.ll_dispatch(x, idx, config)
-    y = host_expert(layout.x)
+    y = host_expert(layout.x, layout.count)
     vjp = hr.ll_combine_vjp(cot.astype(BF16), y, idx, w, layout)
     c = host_scale(y.shape[1])[:, :, None, None]
     ct_rows = (vjp.grad_y.astype(F32) * c).astype(BF16)
