@@ -115,9 +115,39 @@ BufferLayout ComputeLayout(const EpDims& d, bool low_latency, bool high_throughp
   return layout;
 }
 
-Runtime& Runtime::Get() {
-  static Runtime* runtime = new Runtime();  // never destroyed: NVSHMEM outlives Python teardown
-  return *runtime;
+namespace {
+// The runtime between Start and Stop (owned: Stop deletes it), and one whose
+// collective teardown could not run (a peer died): that one is never freed,
+// because its symmetric memory and NVSHMEM itself stay up until the process exits.
+Runtime* current_runtime = nullptr;
+Runtime* abandoned_runtime = nullptr;
+std::string abandoned_why;
+}  // namespace
+
+Runtime* Runtime::Current() { return current_runtime; }
+
+std::string Runtime::Start(int pe, int npes, const std::string& uid, int device) {
+  if (abandoned_runtime != nullptr) {
+    return "jax_ep: this process left NVSHMEM up after a failed teardown (" + abandoned_why +
+           "); start a new process to use jax_ep again";
+  }
+  // A failed Init leaves the runtime current and not initialised, as it found
+  // it: the next Start runs Init on it again.
+  if (current_runtime == nullptr) current_runtime = new Runtime();
+  return current_runtime->Init(pe, npes, uid, device);
+}
+
+std::string Runtime::Stop() {
+  if (current_runtime == nullptr) return "";
+  const std::string why = current_runtime->Finalize();
+  if (!why.empty()) {
+    abandoned_why = current_runtime->abandoned_why_.empty() ? why : current_runtime->abandoned_why_;
+    abandoned_runtime = current_runtime;
+  } else {
+    delete current_runtime;  // Finalize freed every resource it holds
+  }
+  current_runtime = nullptr;
+  return why;
 }
 
 NvshmemVersion Runtime::LoadedVersion() {
@@ -146,7 +176,7 @@ std::string Runtime::GetUniqueId(std::string* uid) {
 }
 
 std::string Runtime::Init(int pe, int npes, const std::string& uid, int device) {
-  if (!abandoned_why_.empty()) {
+  if (!abandoned_why_.empty()) {  // a bounded barrier failed (ReleaseBuffers)
     return "jax_ep: this process left NVSHMEM up after a failed teardown (" + abandoned_why_ +
            "); start a new process to use jax_ep again";
   }

@@ -66,9 +66,21 @@ struct NvshmemVersion {
   int major = 0, minor = 0, patch = 0;
 };
 
+// One Runtime object per initialise-finalise span of the process: Start
+// (jax_ep.initialize) creates it, Stop (jax_ep.finalize) tears NVSHMEM down and
+// destroys it, so the next span starts from a new object, never from a reset
+// one. Current() is how the FFI handlers and the module reach it.
 class Runtime {
  public:
-  static Runtime& Get();
+  // The runtime between Start and Stop, or nullptr.
+  static Runtime* Current();
+  // Creates the runtime if there is none and runs Init on it (idempotent, as
+  // Init is). Refused for good after a teardown that could not run (Stop).
+  static std::string Start(int pe, int npes, const std::string& uid, int device);
+  // Finalize, then destroys the runtime. When the collective teardown was
+  // skipped (a peer did not arrive: it died), the runtime is set aside, never
+  // destroyed (NVSHMEM stays up until the process exits), and returns why.
+  static std::string Stop();
 
   // Version of the NVSHMEM host library in this process / of the headers and
   // device library this extension was built with.
@@ -80,13 +92,8 @@ class Runtime {
   // This process's PE, or -1 before Init.
   int MyPe() const;
 
-  // 128-byte NVSHMEM unique id (EP rank 0 creates it). Returns "" or an error.
-  std::string GetUniqueId(std::string* uid);
-  // Bootstraps NVSHMEM with PE = pe of npes (every process of the job: one PE
-  // each) on CUDA device `device`, and registers this extension's device
-  // state. Idempotent. When another library of the process started NVSHMEM
-  // already, joins it instead (pe, npes and uid are then not used; see joined()).
-  std::string Init(int pe, int npes, const std::string& uid, int device);
+  // 128-byte NVSHMEM unique id (EP rank 0 creates it, before Start). Returns "" or an error.
+  static std::string GetUniqueId(std::string* uid);
   // Whether Init joined an NVSHMEM runtime another library had started (it is
   // then that library's to finalise).
   bool joined() const { return joined_; }
@@ -106,10 +113,6 @@ class Runtime {
                        bool high_throughput, bool rdma_staging, double timeout_s, int num_sms);
   // Frees the symmetric buffers (collective); the transport stays up.
   std::string ReleaseBuffers();
-  // Frees everything and finalises NVSHMEM (collective). When a peer does not
-  // arrive within the timeout (it died), NVSHMEM's collectives are skipped and
-  // the runtime is left for the process to exit: returns why (else "").
-  std::string Finalize();
 
   bool initialized() const { return initialized_; }
   bool allocated() const { return base_ != nullptr; }
@@ -135,6 +138,15 @@ class Runtime {
 
  private:
   Runtime() = default;
+  // Bootstraps NVSHMEM with PE = pe of npes (every process of the job: one PE
+  // each) on CUDA device `device`, and registers this extension's device
+  // state. Idempotent. When another library of the process started NVSHMEM
+  // already, joins it instead (pe, npes and uid are then not used; see joined()).
+  std::string Init(int pe, int npes, const std::string& uid, int device);
+  // Frees everything and finalises NVSHMEM (collective). When a peer does not
+  // arrive within the timeout (it died), NVSHMEM's collectives are skipped and
+  // the runtime is left for the process to exit: returns why (else "").
+  std::string Finalize();
   // The bounded barrier (host_barrier.cu) before each collective host step;
   // "" when every PE arrived, else why (and the runtime is abandoned).
   std::string BoundedBarrier(const char* step);

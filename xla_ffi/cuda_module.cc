@@ -34,6 +34,17 @@ void Check(const std::string& error) {
   if (!error.empty()) throw std::runtime_error(error);
 }
 
+// The runtime jax_ep.initialize started (Runtime::Start), for a step that needs one.
+Runtime& Started(const char* step) {
+  Runtime* runtime = Runtime::Current();
+  if (runtime == nullptr) {
+    throw std::runtime_error(std::string("jax_ep: ") + step +
+                             " needs the CUDA runtime, which is not started (or was finalised): "
+                             "call jax_ep.initialize(config, mesh) first");
+  }
+  return *runtime;
+}
+
 EpDims MakeDims(int num_ranks, int rank, int num_experts, int hidden, int max_tokens,
                 int ll_max_tokens, int num_topk) {
   if (num_ranks <= 0 || num_experts % num_ranks != 0) {
@@ -126,35 +137,39 @@ NB_MODULE(_jax_ep_cuda, m) {
 
   m.def("get_unique_id", []() {
     std::string uid;
-    Check(Runtime::Get().GetUniqueId(&uid));
+    Check(Runtime::GetUniqueId(&uid));
     return nb::bytes(uid.data(), uid.size());
   });
   m.def("init", [](int pe, int npes, nb::bytes uid, int device) {
-    Check(Runtime::Get().Init(pe, npes, std::string(uid.c_str(), uid.size()), device));
+    Check(Runtime::Start(pe, npes, std::string(uid.c_str(), uid.size()), device));
   });
   m.def("nvshmem_already_initialized", &Runtime::NvshmemAlreadyInitialized);
-  m.def("joined", []() { return Runtime::Get().joined(); });
-  m.def("my_pe", []() { return Runtime::Get().MyPe(); });
-  m.def("probe_peers", []() { return Runtime::Get().ProbePeers(); });
+  m.def("joined", []() { return Runtime::Current() != nullptr && Runtime::Current()->joined(); });
+  m.def("my_pe", []() { return Runtime::Current() ? Runtime::Current()->MyPe() : -1; });
+  m.def("probe_peers", []() { return Started("probe_peers").ProbePeers(); });
   m.def("set_rdma_only_peers",
-        [](const std::vector<int>& pes) { Check(Runtime::Get().SetRdmaOnlyPeers(pes)); });
+        [](const std::vector<int>& pes) {
+          Check(Started("set_rdma_only_peers").SetRdmaOnlyPeers(pes));
+        });
   // group_pes[r]: the NVSHMEM PE of EP rank r of this process's EP group.
   m.def("allocate", [](const std::vector<int>& group_pes, int rank, int num_experts, int hidden,
                        int max_tokens, int ll_max_tokens, int num_topk, bool low_latency,
                        bool high_throughput, bool rdma_staging, double timeout_s, int num_sms) {
-    Check(Runtime::Get().Allocate(
+    Check(Started("allocate").Allocate(
         MakeDims(static_cast<int>(group_pes.size()), rank, num_experts, hidden, max_tokens,
                  ll_max_tokens, num_topk),
         group_pes, low_latency, high_throughput, rdma_staging, timeout_s, num_sms));
   });
-  m.def("release_buffers", []() { Check(Runtime::Get().ReleaseBuffers()); });
+  m.def("release_buffers", []() { Check(Started("release_buffers").ReleaseBuffers()); });
   // Returns "" or why NVSHMEM's collective teardown was skipped (a peer did
   // not arrive: it died); never raises, so that a survivor can exit.
-  m.def("finalize", []() { return Runtime::Get().Finalize(); });
-  m.def("initialized", []() { return Runtime::Get().initialized(); });
-  m.def("allocated", []() { return Runtime::Get().allocated(); });
+  m.def("finalize", []() { return Runtime::Stop(); });
+  m.def("initialized",
+        []() { return Runtime::Current() != nullptr && Runtime::Current()->initialized(); });
+  m.def("allocated",
+        []() { return Runtime::Current() != nullptr && Runtime::Current()->allocated(); });
   m.def("status", []() {
-    const auto s = Runtime::Get().status();
+    const auto s = Runtime::Current() ? Runtime::Current()->status() : jax_ep::cuda::DeviceStatus{};
     nb::dict d;
     d["code"] = s.code;
     d["op"] = s.op;
@@ -163,13 +178,19 @@ NB_MODULE(_jax_ep_cuda, m) {
     d["fault_count"] = s.fault_count;
     return d;
   });
-  m.def("clear_status", []() { Runtime::Get().ClearStatus(); });
-  m.def("set_masked", [](const std::vector<int>& ranks) { Check(Runtime::Get().SetMasked(ranks)); });
-  m.def("masked", []() { return Runtime::Get().Masked(); });
-  m.def("set_mask_on_timeout", [](bool on) { Runtime::Get().SetMaskOnTimeout(on); });
+  m.def("clear_status", []() {
+    if (Runtime::Current() != nullptr) Runtime::Current()->ClearStatus();
+  });
+  m.def("set_masked",
+        [](const std::vector<int>& ranks) { Check(Started("set_masked").SetMasked(ranks)); });
+  m.def("masked", []() {
+    return Runtime::Current() ? Runtime::Current()->Masked() : std::vector<int>{};
+  });
+  m.def("set_mask_on_timeout",
+        [](bool on) { Started("set_mask_on_timeout").SetMaskOnTimeout(on); });
   m.def("read_profile", []() {
     jax_ep::cuda::DeviceProfile p;
-    Check(Runtime::Get().ReadProfile(&p));
+    Check(Started("read_profile").ReadProfile(&p));
     const char* names[jax_ep::cuda::kProfileSlots] = {
         "ll_dispatch_send", "ll_dispatch_recv", "ll_combine_send", "ll_combine_recv",
         "ht_dispatch_counts", "ht_dispatch_send_role", "ht_dispatch_recv_role", "ht_combine_send",

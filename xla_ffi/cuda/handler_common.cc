@@ -74,12 +74,13 @@ std::string CallDims(const CallConfig& traced, const cuda::EpDims& allocated,
 ffi::ErrorOr<CallRuntime> RuntimeFor(const char* op, const CallConfig& traced,
                                      int32_t device_ordinal, bool need_low_latency,
                                      bool need_high_throughput) {
-  const cuda::Runtime& runtime = cuda::Runtime::Get();
-  if (!runtime.initialized() || !runtime.allocated()) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, 
+  const cuda::Runtime* current = cuda::Runtime::Current();
+  if (current == nullptr || !current->initialized() || !current->allocated()) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
         std::string("jax_ep ") + op + ": the CUDA runtime is not initialised (or was finalised); "
         "call jax_ep.initialize(config, mesh) before running compiled jax_ep ops");
   }
+  const cuda::Runtime& runtime = *current;
   CallRuntime call{&runtime, {}, runtime.ll_context(), runtime.ht_context()};
   const std::string why = CallDims(traced, runtime.dims(), need_low_latency,
                                    need_high_throughput, &call.dims);
@@ -135,9 +136,9 @@ ffi::Error PendingFault(const char* op, const cuda::Runtime& runtime) {
 // The pending fault, if any (a runtime not set up is left to the kernel
 // handlers, which say why).
 ffi::Error CheckStatus() {
-  const cuda::Runtime& runtime = cuda::Runtime::Get();
-  if (!runtime.allocated()) return ffi::Error::Success();
-  return PendingFault("call", runtime);
+  const cuda::Runtime* runtime = cuda::Runtime::Current();
+  if (runtime == nullptr || !runtime->allocated()) return ffi::Error::Success();
+  return PendingFault("call", *runtime);
 }
 
 ffi::Error PrepareStatusCheck(ffi::RemainingArgs, ffi::RemainingRets, ffi::Dictionary) {
