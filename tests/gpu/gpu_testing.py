@@ -289,9 +289,9 @@ def _normal_quantiles(dtype) -> np.ndarray:
 def rows(gen: np.random.Generator, shape, dtype=BF16) -> np.ndarray:
   """Standard-normal rows (bf16 by default), built on the host: a uniform 16-bit
   draw per element picks one of 65536 equally likely normal quantiles. A draw
-  costs a table lookup, about 8x less than numpy's standard_normal plus the
-  bf16 rounding; the suite's largest inputs (hundreds of MB, on every rank)
-  were most of some tests' time on CPU processes."""
+  costs a table lookup, about 3x less than numpy's standard_normal plus the
+  bf16 rounding (every rank builds every rank's inputs, hundreds of MB in the
+  largest tests)."""
   draws = gen.integers(0, 65536, size=shape, dtype=np.uint16)
   return _normal_quantiles(np.dtype(dtype))[draws]
 
